@@ -1,7 +1,21 @@
-"""Core value types: Dim, Mesh, Layout (being written; Dim is the contract)."""
+"""Core value types: Dim, Mesh, Layout.
+
+These are the words every other module speaks (DESIGN.md section 1): a tensor
+has named dimensions (:class:`Dim`), the processors form a :class:`Mesh` with
+named axes, and a :class:`Layout` maps dimension names to mesh axes.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+import math
+import numbers
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # jax is imported lazily: core values must stay cheap to import
+    import jax
 
 
 @dataclass(frozen=True)
@@ -24,3 +38,551 @@ class Dim:
 
 
 Shape = tuple[Dim, ...]
+
+
+class LayoutError(ValueError):
+    """A mesh or layout is malformed, or does not fit a graph on a mesh.
+
+    Messages say what is wrong, where (tensor, dimension, mesh axis), the sizes
+    involved, and a fix.
+    """
+
+
+# Names must not contain the separators of the string forms, so that every
+# Mesh and Layout prints to a string that parses back to the same value.
+_NAME_RE = re.compile(r"[^\s:;,|]+")
+_AUTO_AXIS_NAMES = {1: ("all",), 2: ("rows", "cols"), 3: ("rows", "cols", "planes")}
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise LayoutError(
+            f"{what} must be a non-empty string without whitespace or any of ':;,|', got {name!r}"
+        )
+    return name
+
+
+def _closest(name: str, known: Iterable[str]) -> str:
+    """' Did you mean 'x'?' for the closest known name, or '' if none is close."""
+    match = difflib.get_close_matches(name, list(known), n=1)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+# --------------------------------------------------------------------------- Mesh
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """An ordered processor mesh with named axes.
+
+    Every form users write is accepted (also by the constructor)::
+
+        >>> Mesh.parse("rows:16,cols:32")
+        Mesh('rows:16,cols:32')
+        >>> Mesh({"rows": 16, "cols": 32}) == Mesh([("rows", 16), ("cols", 32)])
+        True
+        >>> str(Mesh((16, 32))), str(Mesh(8))      # axes named automatically
+        ('rows:16,cols:32', 'all:8')
+        >>> Mesh("rows:16,cols:32").size
+        512
+    """
+
+    axes: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", _mesh_axes(self.axes))
+
+    @classmethod
+    def parse(cls, spec: Any) -> Mesh:
+        """Build a Mesh from a Mesh, string, dict, list of pairs, sizes or int."""
+        return spec if isinstance(spec, Mesh) else cls(spec)
+
+    coerce = parse
+
+    @property
+    def size(self) -> int:
+        """Number of devices (product of the axis sizes)."""
+        return math.prod(size for _, size in self.axes)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """Axis name -> size, in mesh order."""
+        return dict(self.axes)
+
+    def axis_size(self, name: str) -> int:
+        for axis, size in self.axes:
+            if axis == name:
+                return size
+        raise LayoutError(
+            f"mesh axis {name!r} does not exist; mesh {self} has axes {list(self.axis_names)}."
+            + _closest(name, self.axis_names)
+        )
+
+    def to_jax(self, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+        """A ``jax.sharding.Mesh`` over the first ``self.size`` devices (default: ``jax.devices()``)."""
+        import jax
+        import numpy as np
+
+        devices = list(jax.devices() if devices is None else devices)
+        if len(devices) < self.size:
+            raise LayoutError(
+                f"mesh {self} needs {self.size} devices but only {len(devices)} are available; "
+                "use a smaller mesh, or for CPU testing set JAX_NUM_CPU_DEVICES before importing jax."
+            )
+        grid = np.array(devices[: self.size], dtype=object).reshape([s for _, s in self.axes])
+        return jax.sharding.Mesh(grid, self.axis_names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.axis_names
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self.axes)
+
+    def __len__(self) -> int:
+        return len(self.axes)
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}:{size}" for name, size in self.axes)
+
+    def __repr__(self) -> str:
+        return f"Mesh({str(self)!r})"
+
+
+_MESH_EXAMPLE = "expected e.g. 'rows:16,cols:32', {'rows': 16, 'cols': 32}, [('rows', 16), ('cols', 32)] or (16, 32)"
+
+
+def _mesh_axes(spec: Any) -> tuple[tuple[str, int], ...]:
+    """Normalise any accepted mesh form to ((name, size), ...) and validate it."""
+    if isinstance(spec, Mesh):
+        return spec.axes
+    if isinstance(spec, bool):
+        raise LayoutError(f"cannot read a mesh from {spec!r}; {_MESH_EXAMPLE}")
+    if isinstance(spec, numbers.Integral):
+        spec = (spec,)
+    if isinstance(spec, str):
+        pairs = _parse_mesh_string(spec)
+    elif isinstance(spec, Mapping):
+        pairs = list(spec.items())
+    elif isinstance(spec, Iterable):
+        items = list(spec)
+        if items and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in items):
+            names = _AUTO_AXIS_NAMES.get(len(items)) or tuple(f"a{i}" for i in range(len(items)))
+            pairs = list(zip(names, items))
+        elif all(isinstance(x, (tuple, list)) and len(x) == 2 for x in items):
+            pairs = [tuple(x) for x in items]
+        else:
+            raise LayoutError(f"cannot read a mesh from {spec!r}; {_MESH_EXAMPLE}")
+    else:
+        raise LayoutError(f"cannot read a mesh from {spec!r}; {_MESH_EXAMPLE}")
+    if not pairs:
+        raise LayoutError(f"a mesh needs at least one axis; {_MESH_EXAMPLE}")
+    seen: set[str] = set()
+    out = []
+    for name, size in pairs:
+        _check_name(name, "mesh axis name")
+        if name in seen:
+            raise LayoutError(f"mesh axis {name!r} appears twice in {spec!r}; axis names must be unique")
+        seen.add(name)
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise LayoutError(f"mesh axis {name!r} must have a positive integer size, got {size!r}")
+        out.append((name, int(size)))
+    return tuple(out)
+
+
+def _parse_mesh_string(text: str) -> list[tuple[str, int]]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if parts and all(p.isdigit() for p in parts):  # "16,32" or "8": sizes only
+        return list(_mesh_axes(tuple(int(p) for p in parts)))
+    pairs = []
+    for part in parts:
+        name, sep, size = (s.strip() for s in part.partition(":"))
+        if not sep or not re.fullmatch(r"[+-]?\d+", size):
+            raise LayoutError(
+                f"cannot read mesh axis {part!r} in {text!r}: expected 'name:size' items "
+                "separated by ',', e.g. 'rows:16,cols:32'"
+            )
+        pairs.append((name, int(size)))
+    return pairs
+
+
+# ------------------------------------------------------------------------- Layout
+
+Rules = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True, init=False)
+class Layout:
+    """A computation layout: which mesh axes each named tensor dimension is split over.
+
+    Construct it from a dict, a list of pairs (the Mesh-TensorFlow form) or a
+    string; all of these are equal::
+
+        >>> Layout({"batch": "rows", "hidden": ("cols",)})
+        Layout('batch:rows;hidden:cols')
+        >>> Layout([("batch", "rows"), ("hidden", "cols")]) == Layout("batch:rows;hidden:cols")
+        True
+
+    **String form.** Rules are ``dim:axis`` separated by ``;``. A dim split over
+    several mesh axes lists them with ``,``, major axis first
+    (``batch:rows,planes``). Optional weight-update sharding entries
+    (parameter name -> mesh axes, see below) follow a ``|`` in the same syntax:
+    ``"batch:rows;hidden:cols|w:rows;v:rows"``. ``str(layout)`` prints this form
+    and ``Layout.parse(str(layout)) == layout``.
+
+    **How rules are applied.** Each dim name has at most one rule, and the rule
+    applies to every tensor that has that dim. A tensor gets one
+    PartitionSpec entry per dim, in the tensor's own dim order: ``None`` if
+    the dim has no rule, the axis name if it is split over one axis, and a
+    tuple of axis names, major to minor, if it is split over several. A mesh
+    axis that no dim of a tensor uses means the tensor is *replicated* along
+    that axis. Two dims of one tensor may never use the same mesh axis
+    (paper section 8.5). For example, on mesh ``rows:2,cols:4,planes:2`` with
+    layout ``batch:rows,planes;hidden:cols``::
+
+        tensor x[batch, d_io]      -> P(('rows', 'planes'), None)
+            batch/4 per device, replicated over 'cols'
+        tensor h[batch, hidden]    -> P(('rows', 'planes'), 'cols')
+            fully split: each device holds 1/16 of h
+        tensor w[d_io, hidden]     -> P(None, 'cols')
+            replicated over 'rows' and 'planes'
+
+    **Weight-update sharding** (Xu et al., "Automatic Cross-Replica Sharding of
+    Weight Update in Data-Parallel Training"): ``update_sharding`` maps a
+    parameter tensor name to mesh axes over which its weight update and
+    optimizer state are sharded even though the parameter itself is replicated
+    there (reduce-scatter gradient, update a shard, all-gather the result).
+
+    Layouts are frozen and hashable. Rule order is kept (it is what you wrote);
+    use :meth:`canonical` to compare independent of order.
+    """
+
+    rules: Rules
+    update_sharding: Rules = field(default=())
+
+    def __init__(self, rules: Any = None, update_sharding: Any = None) -> None:
+        if isinstance(rules, Layout):
+            rules, upd = rules.rules, rules.update_sharding
+        elif isinstance(rules, str):
+            rules, _, upd = rules.partition("|")
+        else:
+            upd = None
+        if upd and update_sharding is not None:
+            raise LayoutError(
+                "weight-update sharding given twice (in the layout and as update_sharding=); give it once"
+            )
+        object.__setattr__(self, "rules", _normalise_rules(rules, "dim"))
+        object.__setattr__(
+            self, "update_sharding", _normalise_rules(upd if upd else update_sharding, "parameter")
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """Parse the string form, e.g. ``"batch:rows;hidden:cols|w:rows"``."""
+        if not isinstance(text, str):
+            raise LayoutError(f"Layout.parse expects a string like 'batch:rows;hidden:cols', got {text!r}")
+        return cls(text)
+
+    @classmethod
+    def coerce(cls, spec: Any) -> Layout:
+        """A Layout from a Layout, string, dict, list of pairs, or None (empty)."""
+        return spec if isinstance(spec, Layout) else cls(spec)
+
+    # -- queries ------------------------------------------------------------------
+    def axes_of(self, dim: str | Dim) -> tuple[str, ...]:
+        """Mesh axes ``dim`` is split over, major first; ``()`` if unsplit."""
+        name = dim.name if isinstance(dim, Dim) else dim
+        for d, axes in self.rules:
+            if d == name:
+                return axes
+        return ()
+
+    def update_axes_of(self, param: str) -> tuple[str, ...]:
+        """Mesh axes the weight update of parameter ``param`` is sharded over."""
+        for p, axes in self.update_sharding:
+            if p == param:
+                return axes
+        return ()
+
+    def as_dict(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.rules)
+
+    def mesh_axes(self) -> set[str]:
+        """Every mesh axis named by a rule or an update-sharding entry."""
+        return {a for _, axes in self.rules + self.update_sharding for a in axes}
+
+    def canonical(self) -> Layout:
+        """The same layout with rules and update-sharding entries sorted by name."""
+        return Layout(sorted(self.rules), sorted(self.update_sharding))
+
+    def local_size(self, dim: Dim, mesh: Any) -> int:
+        """Size of ``dim`` on one device: its size / product of its mesh axes."""
+        mesh = Mesh.coerce(mesh)
+        axes = self.axes_of(dim)
+        n = math.prod(mesh.axis_size(a) for a in axes)
+        if dim.size % n:
+            raise LayoutError(
+                f"dim {dim.name!r} of size {dim.size} is not divisible by the product {n} of its "
+                f"mesh axes {_fmt_axes(axes, mesh)}; leave {dim.name!r} unsplit or use axes whose "
+                f"product divides {dim.size}"
+            )
+        return dim.size // n
+
+    # -- conversions ------------------------------------------------------------
+    def partition_spec(self, dims: Any) -> jax.sharding.PartitionSpec:
+        """A ``PartitionSpec`` for a tensor with dims ``dims`` (Dims, names, or an object with ``.shape``).
+
+        >>> Layout("batch:rows,planes;hidden:cols").partition_spec(["batch", "d_io", "hidden"])
+        P(('rows', 'planes'), None, 'cols')
+        """
+        from jax.sharding import PartitionSpec
+
+        if hasattr(dims, "shape") and not isinstance(dims, (str, Dim)):
+            dims = dims.shape
+        names = [d.name if isinstance(d, Dim) else d for d in dims]
+        owner: dict[str, str] = {}
+        entries: list[str | tuple[str, ...] | None] = []
+        for name in names:
+            axes = self.axes_of(name)
+            for a in axes:
+                if a in owner:
+                    raise LayoutError(
+                        f"dims {owner[a]!r} and {name!r} of tensor {names} are both split over mesh "
+                        f"axis {a!r}; a mesh axis may split at most one dim of a tensor"
+                    )
+                owner[a] = name
+            entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+        return PartitionSpec(*entries)
+
+    def logical_axis_rules(
+        self, dims: Iterable[str] | None = None
+    ) -> list[tuple[str, str | tuple[str, ...] | None]]:
+        """flax/t5x-style ``logical_axis_rules``: ``[("batch", "rows"), ("hidden", ("cols", "planes"))]``.
+
+        If ``dims`` is given, its dim names without a rule are added mapped to
+        ``None`` (replicated), so every logical axis is covered.
+        """
+        out: list[tuple[str, str | tuple[str, ...] | None]] = [
+            (d, axes[0] if len(axes) == 1 else axes) for d, axes in self.rules
+        ]
+        if dims is not None:
+            out += [(d, None) for d in dims if not self.axes_of(d)]
+        return out
+
+    # -- functional updates -------------------------------------------------------
+    def with_rule(self, dim: str, axes: str | Sequence[str] | None) -> Layout:
+        """A copy with ``dim`` split over ``axes`` (replacing its rule in place, else appended)."""
+        return Layout(_replace(self.rules, dim, axes), self.update_sharding)
+
+    def without(self, dim: str) -> Layout:
+        """A copy with ``dim`` unsplit."""
+        return Layout(_replace(self.rules, dim, None), self.update_sharding)
+
+    def with_update_sharding(self, param: str, axes: str | Sequence[str] | None) -> Layout:
+        """A copy whose weight update of ``param`` is sharded over ``axes`` (None removes it)."""
+        return Layout(self.rules, _replace(self.update_sharding, param, axes))
+
+    # -- validation ---------------------------------------------------------------
+    def validate(self, graph: Any, mesh: Any) -> Layout:
+        """Check this layout against a graph and mesh; return self or raise LayoutError.
+
+        ``graph`` needs ``graph.dims`` (dim name -> size) and ``graph.tensors()``
+        (objects with ``.name``, ``.shape`` (tuple of Dim) and ``.role``).
+        """
+        validate_layout(self, graph, mesh)
+        return self
+
+    # -- printing -------------------------------------------------------------------
+    def __str__(self) -> str:
+        text = _format_rules(self.rules)
+        if self.update_sharding:
+            text += "|" + _format_rules(self.update_sharding)
+        return text
+
+    def __repr__(self) -> str:
+        return f"Layout({str(self)!r})"
+
+
+_LAYOUT_EXAMPLE = "expected e.g. 'batch:rows;hidden:cols', {'batch': 'rows'} or [('batch', 'rows')]"
+
+
+def _axes_tuple(axes: Any, key: str, what: str) -> tuple[str, ...]:
+    """Normalise a rule's right-hand side: 'rows', 'rows,planes', ('rows', 'planes') or None."""
+    if axes is None:
+        return ()
+    if isinstance(axes, str):
+        axes = [a.strip() for a in axes.split(",")]
+    elif not isinstance(axes, Iterable):
+        raise LayoutError(f"mesh axes for {what} {key!r} must be a name or tuple of names, got {axes!r}")
+    axes = tuple(axes)
+    for a in axes:
+        _check_name(a, f"mesh axis in the rule for {what} {key!r}")
+    for a in set(axes):
+        if axes.count(a) > 1:
+            raise LayoutError(
+                f"mesh axis {a!r} is repeated in the rule for {what} {key!r} ({','.join(axes)}); "
+                "list each mesh axis at most once"
+            )
+    return axes
+
+
+def _normalise_rules(spec: Any, what: str) -> Rules:
+    """Turn any accepted rules form into ((name, axes), ...); reject duplicates."""
+    if spec is None:
+        return ()
+    if isinstance(spec, str):
+        items: list[Any] = []
+        for part in spec.split(";"):
+            part = part.strip()
+            if not part:
+                continue  # tolerate trailing/doubled ';'
+            key, sep, axes = (s.strip() for s in part.partition(":"))
+            if not sep or not axes:
+                raise LayoutError(
+                    f"cannot read rule {part!r}: expected '{what}:axis' or '{what}:axis1,axis2' "
+                    "separated by ';', e.g. 'batch:rows;hidden:cols' (weight-update sharding after "
+                    "'|', e.g. 'batch:rows|w:rows')"
+                )
+            items.append((key, axes))
+    elif isinstance(spec, Mapping):
+        items = list(spec.items())
+    elif isinstance(spec, Iterable):
+        items = []
+        for item in spec:
+            if isinstance(item, str):
+                items.extend(_normalise_rules(item, what))
+            elif isinstance(item, (tuple, list)) and len(item) == 2:
+                items.append(tuple(item))
+            else:
+                raise LayoutError(f"cannot read rule {item!r}; {_LAYOUT_EXAMPLE}")
+    else:
+        raise LayoutError(f"cannot read a layout from {spec!r}; {_LAYOUT_EXAMPLE}")
+    out: dict[str, tuple[str, ...]] = {}
+    for key, axes in items:
+        _check_name(key, f"{what} name")
+        if key in out:
+            raise LayoutError(
+                f"{what} {key!r} has two rules ({','.join(out[key]) or '-'} and "
+                f"{','.join(_axes_tuple(axes, key, what)) or '-'}); give each {what} one rule, "
+                f"listing several axes as '{key}:rows,cols'"
+            )
+        out[key] = _axes_tuple(axes, key, what)
+    # An explicit None/() means "unsplit", which is the same as having no rule.
+    return tuple((k, v) for k, v in out.items() if v)
+
+
+def _replace(rules: Rules, key: str, axes: Any) -> list[tuple[str, Any]]:
+    new = [(k, axes if k == key else v) for k, v in rules]
+    if key not in dict(rules):
+        new.append((key, axes))
+    return new
+
+
+def _format_rules(rules: Rules) -> str:
+    return ";".join(f"{key}:{','.join(axes)}" for key, axes in rules)
+
+
+def _fmt_axes(axes: Sequence[str], mesh: Mesh) -> str:
+    return "(" + ", ".join(f"{a}:{mesh.axis_size(a)}" for a in axes) + ")"
+
+
+# --------------------------------------------------------------------- validation
+
+
+def _graph_tensors(graph: Any) -> list[Any]:
+    tensors = graph.tensors
+    return list(tensors() if callable(tensors) else tensors)
+
+
+def validate_layout(layout: Any, graph: Any, mesh: Any) -> None:
+    """Raise LayoutError unless ``layout`` can be applied to ``graph`` on ``mesh``.
+
+    Checks, in order: mesh axes exist; dims exist in the graph; each dim's size
+    is divisible by the product of its mesh axes; no tensor has two dims on one
+    mesh axis (paper section 8.5); update-sharding entries name parameters and
+    axes those parameters are not already split over.
+    """
+    layout, mesh = Layout.coerce(layout), Mesh.coerce(mesh)
+    dims: dict[str, int] = dict(graph.dims)
+    tensors = _graph_tensors(graph)
+
+    for kind, rules in (("dim", layout.rules), ("parameter", layout.update_sharding)):
+        for key, axes in rules:
+            for a in axes:
+                if a not in mesh:
+                    raise LayoutError(
+                        f"layout {str(layout)!r}: {kind} {key!r} is split over mesh axis {a!r}, "
+                        f"which does not exist; mesh {mesh} has axes {list(mesh.axis_names)}."
+                        + _closest(a, mesh.axis_names)
+                    )
+
+    for dim, axes in layout.rules:
+        if dim not in dims:
+            raise LayoutError(
+                f"layout {str(layout)!r} has a rule for dim {dim!r}, which no tensor of the graph "
+                f"has; known dims: {sorted(dims)}." + _closest(dim, dims)
+            )
+
+    for dim, axes in layout.rules:
+        size, n = dims[dim], math.prod(mesh.axis_size(a) for a in axes)
+        if size % n:
+            example = next((t for t in tensors if any(d.name == dim for d in t.shape)), None)
+            where = f" (e.g. tensor {example.name!r} {list(example.shape)})" if example else ""
+            # Suggest the largest single axis that divides the dim, as a ready-to-use rule.
+            fits = sorted((s, a) for a, s in mesh if size % s == 0 and s > 1)
+            fix = (f"split {dim!r} over a mesh axis whose size divides {size}, e.g. "
+                   f"{str(layout.with_rule(dim, fits[-1][1]))!r}, " if fits else "")
+            raise LayoutError(
+                f"layout {str(layout)!r}: dim {dim!r}{where} has size {size}, which is not divisible by "
+                f"{n}, the product of its mesh axes {_fmt_axes(axes, mesh)}. Fix: {fix}leave {dim!r} "
+                f"unsplit, or change the size of {dim!r} to a multiple of {n}."
+            )
+
+    for t in tensors:
+        owner: dict[str, str] = {}
+        for d in t.shape:
+            for a in layout.axes_of(d.name):
+                if a not in owner:
+                    owner[a] = d.name
+                    continue
+                first = owner[a]
+                used = {x for dd in t.shape for x in layout.axes_of(dd.name)}
+                free = [m for m, s in mesh if m not in used and dims.get(d.name, d.size) % s == 0]
+                # Prefer an axis no rule uses yet, so the suggestion does not clash elsewhere.
+                free.sort(key=lambda m: m in layout.mesh_axes())
+                if free:
+                    fix = (f"split one of them over a different mesh axis, e.g. "
+                           f"{str(layout.with_rule(d.name, free[0]))!r}, or leave one unsplit")
+                else:
+                    fix = (f"split one of them over a different mesh axis (mesh {mesh} has no free "
+                           f"axis for this tensor), or leave one unsplit, e.g. {str(layout.without(d.name))!r}")
+                raise LayoutError(
+                    f"illegal layout {str(layout)!r}: tensor {t.name!r} {list(t.shape)} would have two "
+                    f"dims, {first!r} and {d.name!r}, split over the same mesh axis {a!r}; a mesh axis "
+                    f"may split at most one dim of a tensor (Mesh-TensorFlow section 8.5). Fix: {fix}."
+                )
+
+    by_name = {t.name: t for t in tensors}
+    for param, axes in layout.update_sharding:
+        t = by_name.get(param)
+        if t is None or getattr(t, "role", None) != "param":
+            params = sorted(n for n, x in by_name.items() if getattr(x, "role", None) == "param")
+            what = "is not a tensor of the graph" if t is None else f"is a tensor with role {t.role!r}"
+            raise LayoutError(
+                f"layout {str(layout)!r}: weight-update sharding names {param!r}, which {what}; "
+                f"only parameters can have their update sharded. Parameters: {params}."
+                + _closest(param, params)
+            )
+        split = {a for d in t.shape for a in layout.axes_of(d.name)}
+        for a in axes:
+            if a in split:
+                dim = next(d.name for d in t.shape if a in layout.axes_of(d.name))
+                raise LayoutError(
+                    f"layout {str(layout)!r}: weight-update sharding of parameter {param!r} over mesh "
+                    f"axis {a!r}, but {param!r} is already split over {a!r} by its dim {dim!r}, so its "
+                    f"update is already sharded there. Fix: drop {a!r} from the entry for {param!r} or "
+                    "use an axis the parameter is replicated over."
+                )

@@ -1,0 +1,242 @@
+"""Alpha-beta time of collectives along one or several mesh axes.
+
+Conventions
+-----------
+* ``operand_bytes`` is the size of the collective's *input on one device*:
+  the local tensor for all-reduce, reduce-scatter and all-to-all; the local
+  shard for all-gather (the gathered result is ``n`` times larger).
+* ``n`` is the group size (devices along the axis). ``n == 1`` costs 0.
+* A :class:`~autolayout.costmodel.hardware.Link` gives ``B`` (``bandwidth``:
+  effective per-device ring bandwidth, see hardware.py) and ``alpha``
+  (``latency``: seconds per step).
+
+Single-axis formulas (ring algorithms, ``V`` = full, un-scattered size)
+-----------------------------------------------------------------------
+* all-gather, ``V = n * operand``:  ``(n-1)/n * V / B + (n-1) * alpha``
+* reduce-scatter, ``V = operand``:  ``(n-1)/n * V / B + (n-1) * alpha``
+* all-reduce, ``V = operand``:     ``2 (n-1)/n * V / B + 2 (n-1) * alpha``
+
+These are the ring costs of Thakur, Rabenseifner & Gropp, "Optimization of
+Collective Communication Operations in MPICH", IJHPCA 19(1) 2005 (also the
+comments of MPICH's allgather_intra_ring.c: "Cost = (p-1).alpha +
+n.((p-1)/p).beta"; all-reduce = reduce-scatter + all-gather, Rabenseifner),
+and the bus-bandwidth factors of NVIDIA/nccl-tests doc/PERFORMANCE.md:
+``2(n-1)/n`` for AllReduce, ``(n-1)/n`` for AllGather and ReduceScatter, "S
+is the size in bytes of the total array". The step counts ``2(n-1)`` and
+``n-1`` are the ``nsteps`` NCCL's own tuning model multiplies its per-step
+latency by (NVIDIA/nccl src/graph/tuning.cc). The reduction arithmetic
+(MPICH's gamma term) is not charged: it is memory-bound and overlapped.
+
+all-to-all (``L = operand``, each device keeps ``L/n`` and sends ``L/n`` to
+every other device) depends on the link topology:
+
+* ``"switch"`` (NVSwitch, fat tree): pairwise exchange, every device sends
+  ``(n-1)/n * L`` directly: ``(n-1)/n * L / B + (n-1) * alpha``. Thakur et
+  al. 2005 / MPICH alltoall: "Cost = (p-1).alpha + n.beta where n is the
+  total amount of data a process needs to send"; the scaling-book GPU
+  chapter gives the same ``B_total (N-1) / (W N^2)``.
+* ``"ring"`` (TPU torus axis): chunks travel the shorter way round a
+  bidirectional ring and forward through intermediate chips. The busiest
+  directed link carries ``sum of hop distances`` chunks of ``L/n``; with the
+  antipodal chunk (even ``n``) split over both directions this is ``n^2/8``
+  chunks for even ``n`` and ``(n^2-1)/8`` for odd ``n``, at the one-way rate
+  ``B/2``: ``T = (n^2 - n mod 2) / (4 n) * L / B``. For large ``n`` this is
+  ``n L / (4 B)``, a quarter of an all-gather of the same total ``n L``, as
+  in the scaling-book sharding chapter ("an AllToAll ... is actually cheaper
+  than an allgather (by a factor of 1/4)" on bidirectional rings,
+  https://jax-ml.github.io/scaling-book/sharding/). Latency ``(n-1) alpha``
+  as for the pairwise exchange (``n-1`` shift steps).
+
+Several mesh axes: phase by axis, see :func:`collective_time`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autolayout.costmodel.hardware import RING, SWITCH, Link
+
+ALL_REDUCE = "all-reduce"
+ALL_GATHER = "all-gather"
+REDUCE_SCATTER = "reduce-scatter"
+ALL_TO_ALL = "all-to-all"
+KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL)
+
+
+def normalize_kind(kind: str) -> str:
+    """``"AllReduce"``, ``"all_reduce"``, ``"all-reduce"`` -> ``"all-reduce"``.
+
+    >>> normalize_kind("AllGather")
+    'all-gather'
+    """
+    key = "".join(ch for ch in kind.lower() if ch not in "-_ ")
+    for k in KINDS:
+        if k.replace("-", "") == key:
+            return k
+    raise ValueError(f"Unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _check(operand_bytes: float, n: int) -> None:
+    if operand_bytes < 0:
+        raise ValueError(f"operand_bytes must be >= 0, got {operand_bytes}")
+    if int(n) != n or n < 1:
+        raise ValueError(f"group size n must be a positive integer, got {n}")
+
+
+def reduce_scatter_time(operand_bytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of the local ``operand_bytes`` over ``n`` devices.
+
+    ``(n-1)/n * V / B + (n-1) * alpha`` with ``V = operand_bytes``.
+
+    >>> reduce_scatter_time(8e9, 8, Link(bandwidth=1e11, latency=0.0))
+    0.07
+    """
+    _check(operand_bytes, n)
+    if n == 1:
+        return 0.0
+    return (n - 1) / n * operand_bytes / link.bandwidth + (n - 1) * link.latency
+
+
+def all_gather_time(operand_bytes: float, n: int, link: Link) -> float:
+    """Ring all-gather of a local shard of ``operand_bytes`` over ``n`` devices.
+
+    ``(n-1)/n * V / B + (n-1) * alpha`` with ``V = n * operand_bytes`` (the
+    gathered size), i.e. ``(n-1)`` steps each forwarding one shard.
+
+    >>> all_gather_time(1e9, 8, Link(bandwidth=1e11, latency=0.0))
+    0.07
+    """
+    _check(operand_bytes, n)
+    if n == 1:
+        return 0.0
+    return (n - 1) * operand_bytes / link.bandwidth + (n - 1) * link.latency
+
+
+def all_reduce_time(operand_bytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce (reduce-scatter then all-gather) of the local tensor.
+
+    ``2 (n-1)/n * V / B + 2 (n-1) * alpha`` with ``V = operand_bytes``.
+
+    >>> all_reduce_time(8e9, 8, Link(bandwidth=1e11, latency=0.0))
+    0.14
+    """
+    _check(operand_bytes, n)
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) / n * operand_bytes / link.bandwidth + 2 * (n - 1) * link.latency
+
+
+def all_to_all_time(operand_bytes: float, n: int, link: Link) -> float:
+    """All-to-all of the local ``operand_bytes`` over ``n`` devices.
+
+    Switch links: ``(n-1)/n * L / B``; ring links: ``(n^2 - n mod 2)/(4n) * L / B``
+    (see the module docstring); both plus ``(n-1) * alpha``.
+
+    >>> all_to_all_time(8e9, 8, Link(bandwidth=1e11, latency=0.0, topology="switch"))
+    0.07
+    >>> all_to_all_time(8e9, 8, Link(bandwidth=1e11, latency=0.0, topology="ring"))
+    0.16
+    """
+    _check(operand_bytes, n)
+    if n == 1:
+        return 0.0
+    if link.topology == SWITCH:
+        factor = (n - 1) / n
+    elif link.topology == RING:
+        factor = (n * n - n % 2) / (4 * n)
+    else:  # Link validates its topology; this guards future additions.
+        raise ValueError(f"no all-to-all model for topology {link.topology!r}")
+    return factor * operand_bytes / link.bandwidth + (n - 1) * link.latency
+
+
+_SINGLE_AXIS = {
+    ALL_REDUCE: all_reduce_time,
+    ALL_GATHER: all_gather_time,
+    REDUCE_SCATTER: reduce_scatter_time,
+    ALL_TO_ALL: all_to_all_time,
+}
+
+
+def collective_time(kind: str, operand_bytes: float, groups: Sequence[tuple[int, Link]]) -> float:
+    """Time of a collective spanning several mesh axes, phased axis by axis.
+
+    ``groups`` lists ``(axis size, link)`` for each mesh axis the collective
+    spans, in order. Axes of size 1 are skipped. With ``n_i`` the sizes:
+
+    * all-gather (operand = local shard ``S``): gather over axis 1, then over
+      axis 2 on the ``S * n_1`` result, and so on; the payload grows by
+      ``n_i`` each phase. With equal links the bandwidth term equals one
+      flat ring over ``prod(n_i)`` devices.
+    * reduce-scatter (operand = local tensor ``V``): scatter over axis 1,
+      then over axis 2 on the ``V / n_1`` shard, and so on.
+    * all-reduce: reduce-scatter over every axis but the last, all-reduce
+      over the last on the ``V / (n_1 ... n_{k-1})`` shard, then all-gather
+      back over the earlier axes in reverse order (the hierarchical scheme
+      of the scaling-book GPU chapter and of NCCL's tree/ring hierarchy).
+      The last axis carries the least data: list a slow (DCN/IB) axis last.
+    * all-to-all (operand = local ``L``): dimension by dimension, an
+      all-to-all of the whole local buffer along each axis in turn (each
+      chunk first moves along axis 1 to the right coordinate, then along
+      axis 2, ...); every phase moves ``L``.
+
+    >>> ici, dcn = Link(1e11, 0.0), Link(1e10, 0.0)
+    >>> round(collective_time("all-reduce", 8e9, [(4, ici), (2, dcn)]), 6)
+    0.32
+    """
+    kind = normalize_kind(kind)
+    for size, link in groups:
+        _check(operand_bytes, size)
+        if not isinstance(link, Link):
+            raise TypeError(f"groups must hold (int, Link) pairs, got a {type(link).__name__}")
+    phases = [(int(size), link) for size, link in groups if size > 1]
+    if not phases:
+        return 0.0
+    if kind == ALL_GATHER:
+        total, size_now = 0.0, float(operand_bytes)
+        for n, link in phases:
+            total += all_gather_time(size_now, n, link)
+            size_now *= n
+        return total
+    if kind == REDUCE_SCATTER:
+        total, size_now = 0.0, float(operand_bytes)
+        for n, link in phases:
+            total += reduce_scatter_time(size_now, n, link)
+            size_now /= n
+        return total
+    if kind == ALL_TO_ALL:
+        return sum(all_to_all_time(operand_bytes, n, link) for n, link in phases)
+    # all-reduce: RS down the outer axes, AR on the last, AG back up.
+    *outer, (n_last, link_last) = phases
+    total, size_now = 0.0, float(operand_bytes)
+    for n, link in outer:
+        total += reduce_scatter_time(size_now, n, link)
+        size_now /= n
+    total += all_reduce_time(size_now, n_last, link_last)
+    for n, link in reversed(outer):
+        total += all_gather_time(size_now, n, link)
+        size_now *= n
+    return total
+
+
+def bytes_on_wire(kind: str, operand_bytes: float, n: int) -> float:
+    """Bytes one device sends for a single-axis collective, for reporting.
+
+    * all-gather: ``(n-1) * operand`` (its shard to every other device, as
+      forwarded around the ring);
+    * reduce-scatter: ``(n-1)/n * operand``;
+    * all-reduce: ``2 (n-1)/n * operand``;
+    * all-to-all: ``(n-1)/n * operand``, the device's own payload that
+      leaves it (on a ring, forwarding others' chunks adds to the link load
+      but is not counted here, so the figure is topology-independent).
+
+    >>> bytes_on_wire("all-reduce", 8e9, 8)
+    14000000000.0
+    """
+    kind = normalize_kind(kind)
+    _check(operand_bytes, n)
+    if n == 1:
+        return 0.0
+    if kind == ALL_GATHER:
+        return float((n - 1) * operand_bytes)
+    if kind == ALL_REDUCE:
+        return 2 * (n - 1) / n * operand_bytes
+    return (n - 1) / n * operand_bytes
