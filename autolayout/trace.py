@@ -32,11 +32,34 @@ import numpy as np
 from autolayout.core import Dim
 from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor
 
-__all__ = ["trace", "TraceError"]
+__all__ = ["trace", "named", "TraceError"]
 
 
 class TraceError(ValueError):
     """A JAX program the tracer cannot turn into named-dimension ops."""
+
+
+NAME_TAG = "autolayout|"
+
+
+def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None = None) -> Any:
+    """Name a value's axes (and/or the tensor) inside a function to be traced.
+
+    An identity at run time (it is ``jax.ad_checkpoint.checkpoint_name`` with a
+    tag the tracer reads). Use it for axes that no argument has, e.g. an MoE
+    expert's capacity; ``"_"`` leaves an axis to inference.
+
+    Example::
+
+        slot = named(jax.nn.one_hot(pos, capacity), "batch length experts capacity")
+        h = named(jax.nn.relu(x @ w), name="h")
+    """
+    from jax.ad_checkpoint import checkpoint_name
+
+    if dims is not None and not isinstance(dims, str):
+        dims = " ".join(d if d is not None else "_" for d in dims)
+    tag = NAME_TAG + "|".join(f"{k}={v}" for k, v in (("name", name), ("dims", dims)) if v)
+    return checkpoint_name(x, tag)
 
 
 ELEMENTWISE = frozenset("""
@@ -153,6 +176,7 @@ class _Tracer:
         self.loops: list[dict] = []
         self.rename_origin: dict[int, int] = {}  # renamed slot -> slot it was renamed from
         self.loop_slots: dict[int, str] = {}
+        self.by_name: dict[str, int] = {}
 
     # ---- values -----------------------------------------------------------
     def new_val(self, shape: Sequence[int], dtype: Any, *, root: "_Val | None | str" = "self",
@@ -201,6 +225,48 @@ class _Tracer:
                           _identity, ctx[0], ctx[1], _source(eqn)))
         r.node = self.pending[-1]
         return r
+
+    def simulate(self, first: list, val: _Val, pairs: list) -> int:
+        """How many of ``val``'s axes a :meth:`bind` of ``pairs`` (axis, target slot)
+        after ``first``'s unions would rename — without changing anything."""
+        uf, parent, members, user = self.uf, {}, {}, {}
+
+        def find(a: int) -> int:
+            a = uf.find(a) if a >= 0 else a
+            while a in parent:
+                a = parent[a]
+            return a
+
+        def union(a: int | None, b: int | None) -> bool:
+            if a is None or b is None:
+                return True
+            ra, rb = find(a), find(b)
+            if ra == rb:
+                return True
+            ma = members.get(ra) if ra < 0 or ra in members else uf.members[ra]
+            mb = members.get(rb) if rb < 0 or rb in members else uf.members[rb]
+            ua = user.get(ra, uf.user[ra] if ra >= 0 else None)
+            ub = user.get(rb, uf.user[rb] if rb >= 0 else None)
+            if (ua and ub and ua != ub) or (ma & mb):
+                return False
+            parent[rb] = ra
+            members[ra] = ma | mb
+            user[ra] = ua or ub
+            return True
+
+        for a, b in first:
+            union(a, b)
+        pairs = [(ax, t) for ax, t in pairs if val.slots[ax] is not None and t is not None]
+        snapshot = (dict(parent), dict(members), dict(user))
+        if all(union(val.slots[ax], t) for ax, t in pairs):
+            return 0
+        parent, members, user = (dict(x) for x in snapshot)
+        fresh = {ax: -(i + 1) for i, ax in enumerate(range(len(val.slots)))}
+        for ax, f in fresh.items():
+            members[f] = {-1}
+        for ax, t in pairs:
+            union(fresh[ax], t)
+        return sum(1 for ax, s in enumerate(val.slots) if s is not None and not union(fresh[ax], s))
 
     def add(self, p: _Pending) -> None:
         self.pending.append(p)
@@ -284,8 +350,8 @@ class _Tracer:
         if prim in ELEMENTWISE:
             return [self.elementwise(eqn, ins, aval, ctx)]
         if prim in ALIASES:
-            if prim == "name" and ins[0].root is not None:
-                ins[0].root.label = params["name"]
+            if prim == "name":
+                self.apply_name(ins[0], params["name"], eqn)
             return [ins[0]]
         if prim == "transpose":
             out = self.view(ins[0], aval, ctx)
@@ -312,6 +378,42 @@ class _Tracer:
         if prim in ("scatter-add", "scatter_add"):
             return [self.scatter_add(eqn, ins, aval, ctx)]
         raise self.unsupported(eqn, "autolayout has no named-dimension rule for it")
+
+    def name_slot(self, slot: int, name: str, where: str) -> None:
+        """Give a slot's class a user name; the same name anywhere is the same dim."""
+        r = self.uf.find(slot)
+        if self.uf.user[r] and self.uf.user[r] != name:
+            raise TraceError(f"{where}: axis already named {self.uf.user[r]!r} cannot also be named "
+                             f"{name!r}; one axis has one name")
+        other = self.by_name.get(name)
+        if other is not None and self.uf.find(other) != r:
+            if self.uf.size[self.uf.find(other)] != self.uf.size[r]:
+                raise TraceError(f"{where}: dim {name!r} has size {self.uf.size[self.uf.find(other)]} "
+                                 f"elsewhere but {self.uf.size[r]} here; one name, one size")
+            if not self.uf.can_union(other, slot):
+                raise TraceError(f"{where}: naming this axis {name!r} would give one tensor two axes "
+                                 f"named {name!r} (Mesh-TensorFlow §4); choose another name, e.g. "
+                                 f"{name + '_1'!r}")
+            self.uf.union(other, slot)
+        self.uf.user[self.uf.find(slot)] = name
+        self.by_name.setdefault(name, slot)
+
+    def apply_name(self, val: _Val, tag: str, eqn: Any) -> None:
+        if not tag.startswith(NAME_TAG):
+            if val.root is not None:
+                val.root.label = tag
+            return
+        fields = dict(f.split("=", 1) for f in tag[len(NAME_TAG):].split("|") if "=" in f)
+        if fields.get("name") and val.root is not None:
+            val.root.label = fields["name"]
+        if fields.get("dims"):
+            names = fields["dims"].split()
+            if len(names) != len(val.shape):
+                raise TraceError(f"autolayout.named at {_source(eqn)}: {len(names)} names {names} for a "
+                                 f"value of shape {val.shape}; give one name per axis")
+            for s, n in zip(val.slots, names):
+                if s is not None and n not in ("_", "None"):
+                    self.name_slot(s, n, f"autolayout.named at {_source(eqn)}")
 
     def unsupported(self, eqn: Any, why: str) -> TraceError:
         return TraceError(
@@ -386,13 +488,23 @@ class _Tracer:
         lfree = [i for i in range(len(lhs.shape)) if i not in lc and i not in lb]
         rfree = [i for i in range(len(rhs.shape)) if i not in rc and i not in rb]
         nb = len(lb)
-        lpairs = [(a, out.slots[k]) for k, a in enumerate(lb)]
-        lpairs += [(a, out.slots[nb + k]) for k, a in enumerate(lfree)]
-        lhs = self.bind(lhs, lpairs, eqn, ctx)
-        rpairs = [(a, out.slots[k]) for k, a in enumerate(rb)]
-        rpairs += [(b, lhs.slots[a]) for a, b in zip(lc, rc)]
-        rpairs += [(a, out.slots[nb + len(lfree) + k]) for k, a in enumerate(rfree)]
-        rhs = self.bind(rhs, rpairs, eqn, ctx)
+        lout = [(a, out.slots[k]) for k, a in enumerate(lb)] + \
+            [(a, out.slots[nb + k]) for k, a in enumerate(lfree)]
+        rout = [(a, out.slots[k]) for k, a in enumerate(rb)] + \
+            [(a, out.slots[nb + len(lfree) + k]) for k, a in enumerate(rfree)]
+        # Bind the larger operand first so that a cannot-link conflict renames the
+        # smaller one (attention renames k and v, not the scores).
+        contract = list(zip(lc, rc))
+        pl = [(lhs.slots[a], t) for a, t in lout]
+        pr = [(rhs.slots[a], t) for a, t in rout]
+        ren_r = self.simulate(pl, rhs, rout + [(b, lhs.slots[a]) for a, b in contract])
+        ren_l = self.simulate(pr, lhs, lout + [(a, rhs.slots[b]) for a, b in contract])
+        if (ren_l, -math.prod(lhs.shape)) < (ren_r, -math.prod(rhs.shape)):
+            rhs = self.bind(rhs, rout, eqn, ctx)
+            lhs = self.bind(lhs, lout + [(a, rhs.slots[b]) for a, b in zip(lc, rc)], eqn, ctx)
+        else:
+            lhs = self.bind(lhs, lout, eqn, ctx)
+            rhs = self.bind(rhs, rout + [(b, lhs.slots[a]) for a, b in zip(lc, rc)], eqn, ctx)
         named = [self.node_of(lhs, ctx), self.node_of(rhs, ctx)]
         self.add(_Pending("einsum", "dot", "dot_general", out, [lhs, rhs], named, _binder(eqn),
                           ctx[0], ctx[1], _source(eqn)))
@@ -646,35 +758,13 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
                     f"argument {tname!r} has shape {tuple(aval.shape)} ({len(aval.shape)} axes) but dims "
                     f"gives {len(names)} names {names}: give one name per axis, e.g. "
                     f"{' '.join(f'd{i}' for i in range(len(aval.shape)))!r}")
-            seen = {}
-            for ax, (n, size) in enumerate(zip(names, aval.shape)):
-                if n is None or size == 1:
-                    continue
-                if n in seen:
-                    raise TraceError(
-                        f"argument {tname!r} names axes {seen[n]} and {ax} both {n!r}: two axes of one "
-                        f"tensor need different names (Mesh-TensorFlow §4); rename one, e.g. {n + '_1'!r}")
-                seen[n] = ax
-                tr.uf.user[v.slots[ax]] = n
+            for n, size, slot in zip(names, aval.shape, v.slots):
+                if n is not None and slot is not None:
+                    tr.name_slot(slot, n, f"argument {tname!r} of shape {tuple(aval.shape)}")
         tr.add(_Pending(role, role, role, v, [], [], None, None, 1, "", role=role, path_name=tname))
         in_vals.append(v)
         in_names.append(tname)
         in_roles.append(role)
-    # The same user name is the same dim everywhere: merge those classes up front.
-    by_name: dict[str, int] = {}
-    for v in in_vals:
-        for s in v.slots:
-            if s is not None and tr.uf.user[s]:
-                n = tr.uf.user[s]
-                if n in by_name:
-                    if tr.uf.size[by_name[n]] != tr.uf.size[s]:
-                        raise TraceError(f"dim {n!r} is given sizes {tr.uf.size[by_name[n]]} and "
-                                         f"{tr.uf.size[s]} by different arguments; one name, one size")
-                    if not tr.uf.can_union(by_name[n], s):
-                        raise TraceError(f"dim {n!r} is used twice in one argument")
-                    tr.uf.union(by_name[n], s)
-                else:
-                    by_name[n] = s
     outs = tr.run(closed.jaxpr, closed.consts, in_vals, (None, 1))
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
     return _build(tr, in_vals, in_names, outs, closed.jaxpr.outvars, in_tree_of(args), out_tree,
@@ -713,9 +803,13 @@ def _build(tr: _Tracer, in_vals: list, in_names: list, outs: list, outvars: list
             cls_name[r] = uf.user[r]
         else:
             origin = next((o for s, o in tr.rename_origin.items() if uf.find(s) == r), None)
+            partner = next((uf.user[uf.find(s)] for s, o in tr.rename_origin.items()
+                            if uf.find(o) == r and uf.user[uf.find(s)]), None)
             loop = next((lp for s, lp in tr.loop_slots.items() if uf.find(s) == r), None)
             if origin is not None:
                 cls_name[r] = fresh(name(origin) + "_1")
+            elif partner is not None:
+                cls_name[r] = fresh(partner + "_1")
             elif loop is not None:
                 cls_name[r] = fresh("layers")
             else:

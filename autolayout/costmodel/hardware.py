@@ -97,21 +97,10 @@ class Link:
 
 # dtype spellings people use -> the key used in ``Hardware.peak_flops``.
 _DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "f16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "f32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "single": "float32",
-    "f64": "float64",
-    "fp64": "float64",
-    "double": "float64",
-    "tf32": "tensorfloat32",
-    "s8": "int8",
-    "i8": "int8",
-    "fp8": "float8",
+    "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
+    "f32": "float32", "fp32": "float32", "float": "float32", "single": "float32",
+    "f64": "float64", "fp64": "float64", "double": "float64",
+    "tf32": "tensorfloat32", "s8": "int8", "i8": "int8", "fp8": "float8",
 }
 _HALF_FLOATS = ("bfloat16", "float16")
 
@@ -301,15 +290,17 @@ SRC_SCALING_GPUS = (
     "H100 GPU egress 450 GB/s (NVLink, unidirectional), 8x400 Gbps CX7 NICs per node"
 )
 SRC_JAX_PRECISION = (
-    "JAX docs 'Matmul precision' (https://docs.jax.dev/en/latest/201/precision.html): default float32 dots "
-    "use bfloat16 on TPU, TF32 on recent GPUs; jax-ml/jax issue #18934: HIGH = bfloat16_3x, HIGHEST = bfloat16_6x on TPU"
+    "JAX docs 'Matmul precision' (https://docs.jax.dev/en/latest/201/precision.html): default float32 "
+    "dots use bfloat16 on TPU, TF32 on recent GPUs; jax-ml/jax issue #18934: HIGH = bfloat16_3x, "
+    "HIGHEST = bfloat16_6x on TPU"
 )
 SRC_PALLAS_MATMUL = (
     "JAX docs 'Pallas TPU - Your First Matmul' (jax-ml/jax docs/pallas/tpu/matmul.md): "
     "'pretty good utilization (80-90%) in the bigger matmuls' on TPU v5e"
 )
 SRC_NCCL_TUNING = (
-    "NVIDIA/nccl src/graph/tuning.cc hwLat table: ring per-step latency LL128 NVLink 1.9 us, NET 4.0 us, NET Simple 9.6 us"
+    "NVIDIA/nccl src/graph/tuning.cc hwLat table: ring per-step latency "
+    "LL128 NVLink 1.9 us, NET 4.0 us, NET Simple 9.6 us"
 )
 
 
@@ -336,7 +327,10 @@ def _ici(one_way_per_link: float, devices_per_chip: int = 1, what: str = "") -> 
     )
 
 
-def _tpu(name, *, peaks, hbm_bytes, hbm_bw, link, description, sources) -> Hardware:
+def _tpu(
+    name: str, *, peaks: dict[str, float], hbm_bytes: float, hbm_bw: float, link: Link,
+    description: str, sources: tuple[str, ...],
+) -> Hardware:
     return Hardware(
         name=name,
         peak_flops=peaks,
@@ -368,9 +362,11 @@ TPU_V2 = _tpu(
         "leaves the chip at every step; an axis that pairs the two cores of a chip gets ~2x)."
     ),
     sources=(
-        "Cloud TPU v2: 180 TFLOPS and 64 GB HBM per 4-chip board, 8 GB HBM per core (Google Cloud TPU beta announcement, 2018)",
+        "Cloud TPU v2: 180 TFLOPS and 64 GB HBM per 4-chip board, 8 GB HBM per core "
+        "(Google Cloud TPU beta announcement, 2018)",
         "Wikipedia 'Tensor Processing Unit': TPUv2 16 GB HBM, 600 GB/s per chip",
-        "Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural Networks', CACM 63(7) 2020: 4 ICI links x 496 Gbit/s",
+        "Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural Networks', "
+        "CACM 63(7) 2020: 4 ICI links x 496 Gbit/s",
     ),
 )
 
@@ -478,14 +474,10 @@ NVLINK4 = Link(
 # fp32 (CUDA cores) 66.9, fp64 tensor 66.9 (NVIDIA H100 datasheet; glennklockwood.com
 # H100 table lists the same dense values). H200 has the same GH100 compute.
 _HOPPER_PEAKS = {
-    "bfloat16": 989.4 * TERA,
-    "float16": 989.4 * TERA,
-    "tensorfloat32": 494.7 * TERA,
-    "float32": 494.7 * TERA,  # JAX default float32 dot on Hopper runs as TF32 (SRC_JAX_PRECISION)
+    "bfloat16": 989.4 * TERA, "float16": 989.4 * TERA, "tensorfloat32": 494.7 * TERA,
+    "float32": 494.7 * TERA,  # JAX's default float32 dot on Hopper runs as TF32 (SRC_JAX_PRECISION)
     "float32_highest": 66.9 * TERA,  # true fp32 on CUDA cores
-    "float64": 66.9 * TERA,
-    "float8": 1978.9 * TERA,
-    "int8": 1978.9 * TERA,
+    "float64": 66.9 * TERA, "float8": 1978.9 * TERA, "int8": 1978.9 * TERA,
 }
 _GPU_EFFICIENCY_NOTE = (
     "efficiency 0.75 is a judgement, not a measured figure: cuBLAS reaches the datasheet peak only on "

@@ -1,0 +1,80 @@
+"""Training steps to trace: ``value_and_grad`` plus an SGD or Adam update."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["train_step", "init_opt_state", "OPTIMIZERS"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+# Adam defaults from Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1.
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+def init_opt_state(optimizer: str, params: Any) -> Any:
+    """Optimizer state for ``params`` (arrays or ``jax.ShapeDtypeStruct`` s).
+
+    SGD has none (``()``); Adam keeps two float32 moments per parameter and an
+    int32 step count: ``{"mu": ..., "nu": ..., "count": ...}``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    _check(optimizer)
+    if optimizer == "sgd":
+        return ()
+    abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(params))
+    if abstract:
+        moment = lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32)  # noqa: E731
+        count = jax.ShapeDtypeStruct((), jnp.int32)
+    else:
+        moment = lambda p: jnp.zeros(p.shape, jnp.float32)  # noqa: E731
+        count = jnp.zeros((), jnp.int32)
+    return {"mu": jax.tree_util.tree_map(moment, params),
+            "nu": jax.tree_util.tree_map(moment, params), "count": count}
+
+
+def train_step(loss_fn: Callable[[Any, Any], Any], optimizer: str = "sgd",
+               learning_rate: float = 1e-3) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:
+    """``(params, opt_state, batch) -> (params, opt_state, loss)`` built on ``jax.value_and_grad``.
+
+    Example::
+
+        step = train_step(lambda p, b: ((b["x"] @ p["w"]) ** 2).sum(), "adam", 1e-3)
+        graph = autolayout.trace(step, params, init_opt_state("adam", params), batch,
+                                 dims=(..., None, ...), roles=("param", "opt_state", "input"))
+    """
+    import jax
+    import jax.numpy as jnp
+
+    _check(optimizer)
+
+    def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        if optimizer == "sgd":
+            new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g.astype(p.dtype), params, grads)
+            return new, opt_state, loss
+        count = opt_state["count"] + 1
+        t = count.astype(jnp.float32)
+        mu = jax.tree_util.tree_map(lambda m, g: ADAM_B1 * m + (1 - ADAM_B1) * g.astype(jnp.float32),
+                                    opt_state["mu"], grads)
+        nu = jax.tree_util.tree_map(
+            lambda v, g: ADAM_B2 * v + (1 - ADAM_B2) * jnp.square(g.astype(jnp.float32)),
+            opt_state["nu"], grads)
+        c1 = 1 - ADAM_B1 ** t
+        c2 = 1 - ADAM_B2 ** t
+
+        def update(p: Any, m: Any, v: Any) -> Any:
+            u = (m / c1) / (jnp.sqrt(v / c2) + ADAM_EPS)
+            return (p.astype(jnp.float32) - learning_rate * u).astype(p.dtype)
+
+        new = jax.tree_util.tree_map(update, params, mu, nu)
+        return new, {"mu": mu, "nu": nu, "count": count}, loss
+
+    step.__name__ = f"train_step_{optimizer}"
+    return step
+
+
+def _check(optimizer: str) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")
