@@ -104,6 +104,7 @@ class Op:
     attrs: tuple = ()
     source: str = ""
     replay: Replay | None = field(default=None, repr=False)
+    input_dtypes: tuple[str, ...] = ()
 
     @property
     def dims(self) -> tuple[Dim, ...]:
@@ -147,6 +148,7 @@ class Op:
             self.fn,
             self.attrs,
             tuple((tuple((d.name, d.size) for d in s)) for s in self.input_shapes),
+            self.input_dtypes,
             tuple((d.name, d.size) for d in self.output.shape),
             self.output.dtype,
         )

@@ -14,7 +14,7 @@ import numpy as np
 
 from autolayout.graph import Graph
 from autolayout.trace import named, trace
-from autolayout.train import init_opt_state, train_step
+from autolayout.train import init_opt_state, label_grads, train_step
 
 __all__ = ["mlp", "transformer_lm", "moe", "example_args", "MODELS"]
 
@@ -65,6 +65,7 @@ def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "
             return (forward(p, x) * batch["dy"]).sum()
 
         loss, (gp, gx) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, batch["x"])
+        gp = label_grads(gp)
         new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, gp)
         return new, gx, loss
 
@@ -215,6 +216,7 @@ def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, len
             return (forward(p, batch_["x"]) * batch_["dy"]).sum()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
+        grads = label_grads(grads)
         new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
         return new, loss
 

@@ -157,11 +157,18 @@ class _UnionFind:
 
 
 def _source(eqn: Any) -> str:
+    """The user's source line of ``eqn``: the innermost frame outside jax and this module
+    (so an error at :func:`named` points at the caller, not at ``named`` itself)."""
     try:
         from jax._src import source_info_util
-        return source_info_util.summarize(eqn.source_info)
+
+        for frame in source_info_util.user_frames(eqn.source_info.traceback):
+            if frame.file_name != __file__:
+                col = f":{frame.start_column}" if frame.start_column else ""
+                return f"{frame.file_name}:{frame.start_line}{col} ({frame.function_name})"
     except Exception:  # source info is a convenience, never a reason to fail
-        return ""
+        pass
+    return ""
 
 
 def _shapes(eqn: Any) -> str:
@@ -177,6 +184,12 @@ class _Tracer:
         self.rename_origin: dict[int, int] = {}  # renamed slot -> slot it was renamed from
         self.loop_slots: dict[int, str] = {}
         self.by_name: dict[str, int] = {}
+        self.sites: list[str] = []  # source lines of the enclosing calls (jit, custom_jvp, ...)
+
+    def source(self, eqn: Any) -> str:
+        """``eqn``'s user source line, else that of the innermost enclosing call: the
+        equations inside library functions such as ``jnp.cumsum`` have no user frame."""
+        return _source(eqn) or next((s for s in reversed(self.sites) if s), "")
 
     # ---- values -----------------------------------------------------------
     def new_val(self, shape: Sequence[int], dtype: Any, *, root: "_Val | None | str" = "self",
@@ -212,7 +225,7 @@ class _Tracer:
             if not self.uf.can_union(r.slots[ax], t):
                 raise TraceError(
                     f"cannot give distinct names to the axes of {val.shape} in `{eqn.primitive}` "
-                    f"({_source(eqn)}): an axis would need the name of another axis of the same tensor")
+                    f"({self.source(eqn)}): an axis would need the name of another axis of the same tensor")
             self.uf.union(r.slots[ax], t)
         for ax, s in enumerate(val.slots):
             if s is None:
@@ -222,7 +235,7 @@ class _Tracer:
             else:
                 self.rename_origin[r.slots[ax]] = s
         self.add(_Pending("reshape", "rename", "rename", r, [val], [src],
-                          _identity, ctx[0], ctx[1], _source(eqn)))
+                          _identity, ctx[0], ctx[1], self.source(eqn)))
         r.node = self.pending[-1]
         return r
 
@@ -339,9 +352,13 @@ class _Tracer:
         params = dict(eqn.params)
         if prim in CALLS:
             sub = params[CALLS[prim]]
-            if hasattr(sub, "jaxpr"):
-                return self.run(sub.jaxpr, sub.consts, ins, ctx)
-            return self.run(sub, (), ins, ctx)
+            self.sites.append(self.source(eqn))
+            try:
+                if hasattr(sub, "jaxpr"):
+                    return self.run(sub.jaxpr, sub.consts, ins, ctx)
+                return self.run(sub, (), ins, ctx)
+            finally:
+                self.sites.pop()
         if prim == "scan":
             return self.scan(eqn, ins, ctx)
         if len(eqn.outvars) != 1:
@@ -371,7 +388,7 @@ class _Tracer:
         if prim == "iota":
             out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
             self.add(_Pending("constant", "iota", "iota", out, [], [], _binder(eqn), ctx[0], ctx[1],
-                              _source(eqn)))
+                              self.source(eqn)))
             return [out]
         if prim == "gather":
             return [self.gather(eqn, ins, aval, ctx)]
@@ -409,16 +426,16 @@ class _Tracer:
         if fields.get("dims"):
             names = fields["dims"].split()
             if len(names) != len(val.shape):
-                raise TraceError(f"autolayout.named at {_source(eqn)}: {len(names)} names {names} for a "
+                raise TraceError(f"autolayout.named at {self.source(eqn)}: {len(names)} names {names} for a "
                                  f"value of shape {val.shape}; give one name per axis")
             for s, n in zip(val.slots, names):
                 if s is not None and n not in ("_", "None"):
-                    self.name_slot(s, n, f"autolayout.named at {_source(eqn)}")
+                    self.name_slot(s, n, f"autolayout.named at {self.source(eqn)}")
 
     def unsupported(self, eqn: Any, why: str) -> TraceError:
         return TraceError(
             f"unsupported primitive `{eqn.primitive.name}` with inputs ({_shapes(eqn)}) at "
-            f"{_source(eqn) or 'unknown source'}: {why}. Rewrite this step with einsum, elementwise, "
+            f"{self.source(eqn) or 'unknown source'}: {why}. Rewrite this step with einsum, elementwise, "
             f"reduction, reshape, gather or scan operations, or wrap it outside the traced function.")
 
     def view(self, val: _Val, aval: Any, ctx: tuple) -> _Val:
@@ -443,7 +460,7 @@ class _Tracer:
             if v.root is not None and v.root not in named:
                 named.append(v.root)
         self.add(_Pending("elementwise", eqn.primitive.name, eqn.primitive.name, out, operands,
-                          named, _binder(eqn), ctx[0], ctx[1], _source(eqn)))
+                          named, _binder(eqn), ctx[0], ctx[1], self.source(eqn)))
         return out
 
     def reshape(self, eqn: Any, x: _Val, aval: Any, ctx: tuple) -> _Val:
@@ -472,7 +489,7 @@ class _Tracer:
                 pairs.append((a[0], out.slots[b[0]]))
         self.bind(x, pairs, eqn, ctx)
         p = _Pending("reshape", "reshape", "reshape", out, [x], [src], _binder(eqn), ctx[0], ctx[1],
-                     _source(eqn))
+                     self.source(eqn))
         p.groups = [([x.slots[i] for i in gi if x.slots[i] is not None],
                      [out.slots[j] for j in go if out.slots[j] is not None]) for gi, go in groups]
         n_in = sum(1 for g in p.groups if len(g[0]) > 1)
@@ -507,7 +524,7 @@ class _Tracer:
             rhs = self.bind(rhs, rout + [(b, lhs.slots[a]) for a, b in zip(lc, rc)], eqn, ctx)
         named = [self.node_of(lhs, ctx), self.node_of(rhs, ctx)]
         self.add(_Pending("einsum", "dot", "dot_general", out, [lhs, rhs], named, _binder(eqn),
-                          ctx[0], ctx[1], _source(eqn)))
+                          ctx[0], ctx[1], self.source(eqn)))
         return out
 
     def reduce(self, eqn: Any, x: _Val, aval: Any, ctx: tuple) -> _Val:
@@ -520,7 +537,7 @@ class _Tracer:
         x = self.bind(x, [(a, out.slots[k]) for k, a in enumerate(kept)], eqn, ctx)
         kind, fn = ("einsum", "sum") if prim == "reduce_sum" else ("reduce", REDUCE[prim])
         self.add(_Pending(kind, fn, prim, out, [x], [self.node_of(x, ctx)], _binder(eqn),
-                          ctx[0], ctx[1], _source(eqn)))
+                          ctx[0], ctx[1], self.source(eqn)))
         return out
 
     def gather(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
@@ -542,7 +559,7 @@ class _Tracer:
                         eqn, ctx)
         p = _Pending("gather", "take", "gather", out, [table, idx],
                      [self.node_of(table, ctx), self.node_of(idx, ctx)], _binder(eqn),
-                     ctx[0], ctx[1], _source(eqn))
+                     ctx[0], ctx[1], self.source(eqn))
         p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),)
         self.add(p)
         return out
@@ -566,7 +583,7 @@ class _Tracer:
         idx = self.bind(idx, [(a, upd.slots[s]) for a, s in zip(range(len(idx.shape) - 1), scat)], eqn, ctx)
         p = _Pending("scatter", "scatter-add", "scatter_add", out, [operand, idx, upd],
                      [self.node_of(v, ctx) for v in (operand, idx, upd)], _binder(eqn),
-                     ctx[0], ctx[1], _source(eqn))
+                     ctx[0], ctx[1], self.source(eqn))
         p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),)
         self.add(p)
         return out
@@ -591,7 +608,7 @@ class _Tracer:
             c = self.new_val(v.shape, v.dtype, ctx=body_ctx)
             self.bind(v, [(i, c.slots[i]) for i in range(len(v.shape))], eqn, ctx)
             self.add(_Pending("reshape", "carry", "carry", c, [v], [src], None, name, body_ctx[1],
-                              _source(eqn)))
+                              self.source(eqn)))
             carries.append(c)
         slices = []
         for v in xs:
@@ -602,7 +619,7 @@ class _Tracer:
                 pairs.append((0, loop_slot))
             self.bind(v, pairs, eqn, ctx)
             self.add(_Pending("reshape", "slice", "slice", s, [v], [src], None, name, body_ctx[1],
-                              _source(eqn)))
+                              self.source(eqn)))
             info["slices"].append(s)
             slices.append(s)
         body = p["jaxpr"]
@@ -616,7 +633,7 @@ class _Tracer:
             r = self.new_val(c.shape, c.dtype, ctx=ctx)
             self.bind(c, [(i, r.slots[i]) for i in range(len(c.shape))], eqn, ctx)
             self.add(_Pending("reshape", "result", "result", r, [nxt], [nxt_node], None, ctx[0], ctx[1],
-                              _source(eqn)))
+                              self.source(eqn)))
             info["results"].append((r, c))
             results.append(r)
         stacks = []
@@ -629,7 +646,7 @@ class _Tracer:
             if loop_slot is not None:
                 self.uf.union(st.slots[0], loop_slot)
             self.add(_Pending("reshape", "stack", "stack", st, [y], [y_node], None, ctx[0], ctx[1],
-                              _source(eqn)))
+                              self.source(eqn)))
             info["stacks"].append(st)
             stacks.append(st)
         return [*results, *stacks]
@@ -714,7 +731,8 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
 
     ``args`` may hold arrays or ``jax.ShapeDtypeStruct`` s (nothing is allocated).
     ``dims`` mirrors ``args`` (a prefix is fine; ``None`` = infer) with one name
-    per axis: ``"batch length d_model"`` or ``("batch", "length", "d_model")``.
+    per axis: ``"batch length d_model"`` or ``("batch", "length", "d_model")``;
+    ``"_"`` or ``None`` for one axis leaves it to inference.
     ``roles`` mirrors ``args`` likewise with ``"input" | "param" | "opt_state"``.
 
     Example::
@@ -759,7 +777,7 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
                     f"gives {len(names)} names {names}: give one name per axis, e.g. "
                     f"{' '.join(f'd{i}' for i in range(len(aval.shape)))!r}")
             for n, size, slot in zip(names, aval.shape, v.slots):
-                if n is not None and slot is not None:
+                if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
                     tr.name_slot(slot, n, f"argument {tname!r} of shape {tuple(aval.shape)}")
         tr.add(_Pending(role, role, role, v, [], [], None, None, 1, "", role=role, path_name=tname))
         in_vals.append(v)
@@ -885,7 +903,8 @@ def _build(tr: _Tracer, in_vals: list, in_names: list, outs: list, outvars: list
             replay = Replay(p.replay, tuple(operands))
         op = Op(name=out_t.name, kind=p.kind, fn=p.fn, inputs=inputs,
                 input_shapes=tuple(shape(r) for r in p.named_inputs), output=out_t,
-                multiplicity=p.mult, loop=p.loop, attrs=attrs, source=p.source, replay=replay)
+                multiplicity=p.mult, loop=p.loop, attrs=attrs, source=p.source, replay=replay,
+                input_dtypes=tuple(r.dtype for r in p.named_inputs))
         ops.append(op)
         by_val[v.id] = op
 

@@ -51,6 +51,7 @@ def train_step(loss_fn: Callable[[Any, Any], Any], optimizer: str = "sgd",
 
     def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        grads = label_grads(grads)
         if optimizer == "sgd":
             new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g.astype(p.dtype), params, grads)
             return new, opt_state, loss
@@ -73,6 +74,17 @@ def train_step(loss_fn: Callable[[Any, Any], Any], optimizer: str = "sgd",
 
     step.__name__ = f"train_step_{optimizer}"
     return step
+
+
+def label_grads(grads: Any) -> Any:
+    """Name each gradient ``grad/<param path>`` for the tracer, so the cost model can
+    pair it with its parameter (gradient memory, weight-update sharding)."""
+    import jax
+
+    from autolayout.trace import _path_str, named
+
+    return jax.tree_util.tree_map_with_path(lambda path, g: named(g, name="grad/" + _path_str(path)),
+                                            grads)
 
 
 def _check(optimizer: str) -> None:

@@ -1,0 +1,99 @@
+"""Peak per-device memory by liveness over the traced schedule.
+
+Every tensor counts at its local (sharded) size. Arguments (inputs, parameters,
+optimizer state) are live for the whole step, as the caller holds them; outputs
+from their producer to the end; every other tensor from its producer to its last
+consumer. A scan is one step of the schedule: its stacked outputs are live
+throughout it, and its body adds the peak of one iteration's own tensors (an
+iteration's temporaries are freed before the next). The breakdown is taken at
+the peak: ``params``, ``opt_state``, ``grads`` (tensors named ``grad/...``) and
+``activations`` (everything else: inputs, saved activations, temporaries).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from autolayout.core import Mesh
+from autolayout.graph import Graph, Loop, Tensor
+
+
+def tensor_bytes(t: Tensor, axes_of: Mapping[str, tuple[str, ...]], mesh: Mesh) -> int:
+    n = 1
+    for d in t.shape:
+        n *= d.size // math.prod(mesh.axis_size(a) for a in axes_of.get(d.name, ()))
+    return n * t.itemsize
+
+
+def _category(t: Tensor) -> str:
+    if t.role == "param":
+        return "params"
+    if t.role == "opt_state":
+        return "opt_state"
+    if t.name.startswith("grad/"):
+        return "grads"
+    return "activations"
+
+
+def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
+                shrink: Mapping[str, int] | None = None) -> tuple[int, dict]:
+    """``(peak bytes, breakdown at the peak)``; ``shrink[name]`` divides a tensor's bytes
+    (weight-update-sharded optimizer state and update temporaries)."""
+    shrink = shrink or {}
+    size = {t.name: tensor_bytes(t, axes_of, mesh) // shrink.get(t.name, 1) for t in graph.tensors()}
+    units = graph._schedule()
+    unit_of: dict[str, int] = {}
+    for i, u in enumerate(units):
+        if isinstance(u, Loop):
+            for n in u.body:
+                unit_of[n] = i
+        else:
+            unit_of[u] = i
+    # stacked outputs and final carries exist while their loop runs
+    for i, u in enumerate(units):
+        if isinstance(u, Loop):
+            for n in (*u.stacks, *(r for r, _ in u.results)):
+                unit_of[n] = min(unit_of[n], i)
+    end = len(units)
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    body_of = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    alloc, free = {}, {}
+    for t in graph.tensors():
+        if body_of.get(t.name):
+            continue
+        if t.role in ("input", "param", "opt_state"):
+            alloc[t.name], free[t.name] = 0, end
+            continue
+        alloc[t.name] = unit_of[t.name]
+        users = [unit_of[c] for c in graph.consumers(t.name)]
+        free[t.name] = end if t.name in outputs else max(users, default=alloc[t.name])
+    best, best_at, best_body = -1, 0, {}
+    for i, u in enumerate(units):
+        live = [n for n in alloc if alloc[n] <= i <= free[n]]
+        body_peak, body_live = (_body_peak(graph, u, size) if isinstance(u, Loop) else (0, []))
+        total = sum(size[n] for n in live) + body_peak
+        if total > best:
+            best, best_at, best_body = total, i, {"live": live, "body": body_live}
+    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0}
+    for n in best_body.get("live", []) + best_body.get("body", []):
+        breakdown[_category(graph.tensor(n))] += size[n]
+    return max(best, 0), breakdown
+
+
+def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int]) -> tuple[int, list]:
+    """Peak of one iteration's own tensors (carried values live for the whole iteration)."""
+    order = {n: i for i, n in enumerate(lp.body)}
+    end = len(lp.body)
+    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
+    last = {}
+    for n in lp.body:
+        users = [order[c] for c in graph.consumers(n) if c in order]
+        outside = any(c not in order for c in graph.consumers(n))
+        last[n] = end if (n in carried or outside) else max(users, default=order[n])
+    best, best_live = 0, []
+    for i in range(end):
+        live = [n for n in lp.body if order[n] <= i <= last[n]]
+        total = sum(size[n] for n in live)
+        if total > best:
+            best, best_live = total, live
+    return best, best_live
