@@ -492,6 +492,11 @@ def _fmt_axes(axes: Sequence[str], mesh: Mesh) -> str:
 # --------------------------------------------------------------------- validation
 
 
+def _clash(t: Any, layout: Layout) -> bool:
+    axes = [a for d in t.shape for a in layout.axes_of(d.name)]
+    return len(axes) != len(set(axes))
+
+
 def _graph_tensors(graph: Any) -> list[Any]:
     tensors = graph.tensors
     return list(tensors() if callable(tensors) else tensors)
@@ -541,7 +546,15 @@ def validate_layout(layout: Any, graph: Any, mesh: Any) -> None:
                 f"unsplit, or change the size of {dim!r} to a multiple of {n}."
             )
 
-    for t in tensors:
+    # Name the most recognisable offender: a user-named tensor (an argument, or one named
+    # with checkpoint_name/autolayout.named) before auto-named intermediates like 'add_3'.
+    def _auto(name: str) -> bool:
+        base, _, tail = name.rpartition("_")
+        return bool(base) and tail.isdigit()
+
+    offenders = [t for t in tensors if _clash(t, layout)]
+    for t in sorted(offenders, key=lambda t: _auto(t.name))[:1]:
+        others = len(offenders) - 1
         owner: dict[str, str] = {}
         for d in t.shape:
             for a in layout.axes_of(d.name):
@@ -559,8 +572,9 @@ def validate_layout(layout: Any, graph: Any, mesh: Any) -> None:
                 else:
                     fix = (f"split one of them over a different mesh axis (mesh {mesh} has no free "
                            f"axis for this tensor), or leave one unsplit, e.g. {str(layout.without(d.name))!r}")
+                also = f" (and {others} other tensor{'s' if others > 1 else ''})" if others else ""
                 raise LayoutError(
-                    f"illegal layout {str(layout)!r}: tensor {t.name!r} {list(t.shape)} would have two "
+                    f"illegal layout {str(layout)!r}: tensor {t.name!r} {list(t.shape)}{also} would have two "
                     f"dims, {first!r} and {d.name!r}, split over the same mesh axis {a!r}; a mesh axis "
                     f"may split at most one dim of a tensor (Mesh-TensorFlow section 8.5). Fix: {fix}."
                 )

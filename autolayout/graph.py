@@ -20,6 +20,7 @@ is never split.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -105,6 +106,9 @@ class Op:
     source: str = ""
     replay: Replay | None = field(default=None, repr=False)
     input_dtypes: tuple[str, ...] = ()
+    # Loop fusion (XLA fuses chains of elementwise ops): whether each input is read from
+    # HBM and whether the output is written there. Set by Graph from the consumers.
+    hbm: tuple[bool, ...] = ()
 
     @property
     def dims(self) -> tuple[Dim, ...]:
@@ -149,6 +153,7 @@ class Op:
             self.attrs,
             tuple((tuple((d.name, d.size) for d in s)) for s in self.input_shapes),
             self.input_dtypes,
+            self.hbm,
             tuple((d.name, d.size) for d in self.output.shape),
             self.output.dtype,
         )
@@ -223,6 +228,7 @@ class Graph:
         self.name = name
         self.nx = nx.DiGraph()
         self._ops: dict[str, Op] = {}
+        ops = _with_fusion(ops, {s.tensor for s in outputs if s.tensor})
         for op in ops:
             if op.name in self._ops:
                 raise ValueError(f"duplicate op name {op.name!r}")
@@ -426,6 +432,28 @@ class Graph:
             else:
                 x = jnp.stack(per_iter[s.name])
                 env[s.name] = align(x, (lp.dim, *self._dims_of(src)), self._dims_of(s.name))
+
+
+def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
+    """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
+    (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
+    elementwise op of the same loop and it is not a graph output; everything else is
+    materialised."""
+    users: dict[str, list[Op]] = defaultdict(list)
+    for op in ops:
+        for i in op.inputs:
+            users[i].append(op)
+    by_name = {op.name: op for op in ops}
+
+    def materialized(name: str) -> bool:
+        op = by_name[name]
+        if op.kind != "elementwise" or name in outputs:
+            return True
+        us = users.get(name, [])
+        return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
+
+    mat = {op.name: materialized(op.name) for op in ops}
+    return [dataclasses.replace(op, hbm=tuple(mat[i] for i in op.inputs) + (mat[op.name],)) for op in ops]
 
 
 def _human(n: float) -> str:

@@ -1,6 +1,7 @@
 """Peak per-device memory by liveness over the traced schedule.
 
-Every tensor counts at its local (sharded) size. Arguments (inputs, parameters,
+Every materialised tensor counts at its local (sharded) size; elementwise
+intermediates fused into their consumers (``Op.hbm``) take none. Arguments (inputs, parameters,
 optimizer state) are live for the whole step, as the caller holds them; outputs
 from their producer to the end; every other tensor from its producer to its last
 consumer. A scan is one step of the schedule: its stacked outputs are live
@@ -40,7 +41,9 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
     """``(peak bytes, breakdown at the peak)``; ``shrink[name]`` divides a tensor's bytes
     (weight-update-sharded optimizer state and update temporaries)."""
     shrink = shrink or {}
-    size = {t.name: tensor_bytes(t, axes_of, mesh) // shrink.get(t.name, 1) for t in graph.tensors()}
+    # fused (never materialised) elementwise intermediates take no memory
+    size = {op.name: (tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1)
+                      if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
     units = graph._schedule()
     unit_of: dict[str, int] = {}
     for i, u in enumerate(units):

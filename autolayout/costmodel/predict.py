@@ -80,6 +80,7 @@ class _UpdatePlan:
     reduce_ops: list = field(default_factory=list)  # ops whose gradient all-reduce becomes RS (+AR)
     region: set = field(default_factory=set)  # update ops, sharded
     new_param: str = ""
+    scatter_dim: str = ""  # the parameter dim whose local slice the update is sharded along
 
 
 def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict[str, _UpdatePlan]:
@@ -96,6 +97,18 @@ def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict
                 f"or name it with autolayout.named(g, name={grad!r}).")
         pdims = set(p.dim_names)
         plan = _UpdatePlan(pname, tuple(axes), math.prod(mesh.axis_size(a) for a in axes))
+        # reduce-scatter splits the gradient along one dim: the first (non-loop) dim whose
+        # local size the update axes divide, as in seed 003 (shard along a weight dim)
+        for d in p.shape:
+            local = d.size // math.prod(mesh.axis_size(a) for a in axes_of.get(d.name, ()))
+            if d.name not in graph.loop_dims and local % plan.factor == 0:
+                plan.scatter_dim = d.name
+                break
+        else:
+            raise LayoutError(
+                f"weight-update sharding of {pname!r} over {','.join(axes)} (size {plan.factor}): no dim of "
+                f"{pname} {[str(d) for d in p.shape]} has a local size divisible by {plan.factor} under "
+                f"layout {str(layout)!r}; shard its update over a smaller axis or drop the entry.")
         stack, seen = [grad], set()
         while stack:
             t = stack.pop()

@@ -176,9 +176,14 @@ def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware) -> OpCost:
     if op.kind in ("input", "param", "opt_state", "constant"):
         return OpCost(op.name, out_local, 0, 0, 0.0, (), 0.0)
     flops = local_flops(op, axes_of, mesh)
-    nbytes = _nbytes(out_local, op.output.itemsize)
-    for shape, dtype in zip(op.input_shapes, op.input_dtypes or (op.output.dtype,) * len(op.inputs)):
-        nbytes += _nbytes(local_dims(shape, axes_of, mesh), _itemsize(dtype))
+    # HBM traffic: only tensors that are materialised (see graph._with_fusion) are read or
+    # written; a fused elementwise chain touches HBM once at each end.
+    hbm = op.hbm or (True,) * (len(op.inputs) + 1)
+    nbytes = _nbytes(out_local, op.output.itemsize) if hbm[-1] else 0
+    for shape, dtype, read in zip(op.input_shapes, op.input_dtypes or (op.output.dtype,) * len(op.inputs),
+                                  hbm):
+        if read:
+            nbytes += _nbytes(local_dims(shape, axes_of, mesh), _itemsize(dtype))
     colls: list[Collective] = []
     if op.kind in REDUCING:
         out_names = set(op.output.dim_names)

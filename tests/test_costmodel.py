@@ -1,0 +1,296 @@
+"""Cost model against the paper's formulas and hand-derived figures."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from autolayout import models
+from autolayout.core import LayoutError
+from autolayout.costmodel import get_hardware, predict
+from autolayout.costmodel.table1 import table1
+from autolayout.trace import trace
+
+SIZES = [  # (b, d_io, d_h, n, r, c, p)
+    pytest.param(64, 32, 128, 8, 4, 2, 2, id="b64-io32-h128"),
+    pytest.param(256, 64, 32, 8, 2, 4, 2, id="b256-io64-h32"),
+    pytest.param(32, 16, 512, 16, 4, 4, 2, id="b32-io16-h512-n16"),
+]
+
+
+def _allreduced_values(cost) -> int:
+    return sum(c.bytes // 4 * c.count for c in cost.collectives if c.kind == "all-reduce")
+
+
+@pytest.mark.parametrize("b,dio,dh,n,r,c,p", SIZES)
+def test_allreduced_values_match_paper_section_8(b, dio, dh, n, r, c, p):
+    """§8.1-8.3 text: values all-reduced per processor in a training step. We also count
+    the bias gradient (d_h, or its slice) and the scalar loss when the batch is split."""
+    g = models.mlp(b, dio, dh)
+    expected = {
+        ("", f"all:{n}"): 0,
+        ("batch:all", f"all:{n}"): 2 * dio * dh + dh + 1,
+        ("hidden:all", f"all:{n}"): 2 * b * dio,
+        ("batch:rows;hidden:cols", f"rows:{r},cols:{c}"): 2 * b * dio // r + 2 * dio * dh // c + dh // c + 1,
+        ("batch:rows;hidden:cols;io:planes", f"rows:{r},cols:{c},planes:{p}"):
+            2 * (b // r * dio // p + b // r * dh // c + dio // p * dh // c) + dh // c + 1,
+    }
+    for (layout, mesh), values in expected.items():
+        assert _allreduced_values(predict(g, mesh, layout)) == values, layout
+
+
+@pytest.mark.parametrize("b,dio,dh,n,r,c,p", SIZES)
+def test_parameter_memory_is_the_tables_slices(b, dio, dh, n, r, c, p):
+    g = models.mlp(b, dio, dh)
+    cases = {
+        ("batch:all", f"all:{n}"): 2 * dio * dh + dh,
+        ("hidden:all", f"all:{n}"): (2 * dio * dh + dh) // n,
+        ("batch:rows;hidden:cols", f"rows:{r},cols:{c}"): (2 * dio * dh + dh) // c,
+        ("batch:rows;hidden:cols;io:planes", f"rows:{r},cols:{c},planes:{p}"): 2 * (dio // p) * (dh // c) + dh // c,
+    }
+    for (layout, mesh), values in cases.items():
+        assert predict(g, mesh, layout).memory["params"] == 4 * values, layout
+
+
+@pytest.mark.parametrize("b,dio,dh,n,r,c,p", SIZES)
+def test_compute_divides_by_the_split_factor(b, dio, dh, n, r, c, p):
+    """Six b·d_io·d_h matmuls per training step (2 forward, 4 backward), 2 flops per MAC."""
+    df = table1(b, dio, dh, n=n, r=r, c=c, p=p)
+    split = {"[]": 1, "batch:all": n, "hidden:all": n, "batch:rows;hidden:cols": r * c,
+             "batch:rows;hidden:cols;io:planes": r * c * p}
+    for row in df.itertuples():
+        assert row.comp_flops == 6 * 2 * b * dio * dh / split[row.layout]
+        assert row.comp_ratio == 12.0
+
+
+def test_table1_beside_paper_text():
+    df = table1(64, 32, 128)
+    assert list(df.layout) == ["[]", "batch:all", "hidden:all", "batch:rows;hidden:cols",
+                               "batch:rows;hidden:cols;io:planes"]
+    # the text's approximate figure plus the bias-gradient slice and the scalar loss
+    extra = {"[]": 0, "batch:all": 128 + 1, "hidden:all": 0, "batch:rows;hidden:cols": 64 + 1,
+             "batch:rows;hidden:cols;io:planes": 64 + 1}
+    for row in df.itertuples():
+        assert row.allreduced_values == row.paper_text + extra[row.layout]
+
+
+def test_illegal_layout_of_section_8_5_is_rejected():
+    g = models.mlp(64, 32, 128)
+    with pytest.raises(LayoutError, match=r"'h'.*batch.*hidden.*'all'|'h'.*hidden.*batch.*'all'"):
+        predict(g, "all:8", "batch:all;hidden:all")
+
+
+def test_all_reduce_time_is_the_ring_formula():
+    """Data-parallel on one axis: each gradient all-reduce costs 2(n-1)/n·V/B + 2(n-1)α."""
+    hw = get_hardware("tpu-v3")
+    g = models.mlp(64, 32, 128)
+    cost = predict(g, "all:8", "batch:all", hw)
+    link = hw.link_for("all")
+    expect = sum(2 * 7 / 8 * c.bytes / link.bandwidth + 2 * 7 * link.latency for c in cost.collectives)
+    assert cost.comm_s == pytest.approx(expect, rel=1e-12)
+
+
+def test_compute_is_a_roofline_with_elementwise_fusion():
+    """relu(x·w + bias): the add is fused into the relu (XLA loop fusion), so the add reads
+    x·w and bias but writes nothing, and the relu writes h but reads nothing from HBM."""
+    hw = get_hardware("tpu-v3")
+    g = models.mlp(64, 32, 128, train=False)
+    cost = predict(g, "all:8", "hidden:all", hw)
+    rows = cost.per_op.set_index("op")
+    add = next(op.name for op in g.ops() if op.fn == "add")
+    peak = hw.peak("float32") * hw.efficiency
+    assert rows.loc[add].bytes == (64 * 16 + 16) * 4
+    assert rows.loc["h"].bytes == 64 * 16 * 4
+    for name in (add, "h"):
+        flops, nbytes = 64 * 16, rows.loc[name].bytes
+        assert rows.loc[name].compute_s == pytest.approx(max(flops / peak, nbytes / hw.hbm_bandwidth))
+    dot = rows[rows.fn == "dot"].iloc[0]
+    assert dot.flops == 2 * 64 * 32 * 16
+    assert dot.bytes == (64 * 32 + 32 * 16 + 64 * 16) * 4
+    assert dot.compute_s == pytest.approx(max(dot.flops / peak, dot.bytes / hw.hbm_bandwidth))
+
+
+def test_slow_axis_only_slows_its_collectives():
+    base = get_hardware("tpu-v4")
+    slow = base.with_axis_link("rows", base.link.__class__(bandwidth=base.link.bandwidth / 10,
+                                                            latency=base.link.latency))
+    g = models.mlp(64, 32, 128)
+    fast_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", base)
+    slow_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", slow)
+    for a, b_ in zip(fast_c.collectives, slow_c.collectives):
+        if "rows" in a.mesh_axes:
+            assert b_.time_s > a.time_s
+        else:
+            assert b_.time_s == a.time_s
+
+
+def test_two_dims_of_one_gather_on_one_axis_is_rejected():
+    """No tensor has both vocab and batch, but the lookup op does: devices holding different
+    vocab rows and different batch rows cannot combine partial lookups by a sum."""
+    def f(table, ids):
+        return jnp.take(table, ids, axis=0)
+
+    g = trace(f, jax.ShapeDtypeStruct((16, 4), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.int32),
+              dims=("vocab d", "batch"))
+    with pytest.raises(LayoutError, match=r"dims 'vocab' and 'batch' both split over mesh axis 'all'"):
+        predict(g, "all:2", "vocab:all;batch:all")
+    assert predict(g, "rows:2,cols:2", "vocab:rows;batch:cols").collectives[0].mesh_axes == ("rows",)
+
+
+def _split_heads(x, w):
+    return (x @ w).reshape(x.shape[0], 4, 8).sum()
+
+
+@pytest.mark.parametrize("layout,kinds", [
+    ("heads:all;d32:all", []),            # major dims of one split group: local reshape
+    ("d32:all", ["all-gather"]),          # split -> unsplit
+    ("heads:all", []),                    # unsplit -> split: a local slice
+    ("d32:all;d_kv:all", ["all-to-all"]),  # the axis moves to a minor dim
+], ids=["major-kept", "gather", "slice", "all-to-all"])
+def test_reshape_split_rules(layout, kinds):
+    g = trace(_split_heads, jax.ShapeDtypeStruct((16, 8), jnp.float32),
+              jax.ShapeDtypeStruct((8, 32), jnp.float32), dims=("batch d_model", "d_model _"))
+    g2 = g
+    names = set(g2.dims)
+    assert {"heads", "d_kv"} - names == {"heads", "d_kv"}  # auto-named; map them
+    split = next(op for op in g2.ops() if op.kind == "reshape")
+    merged, (major, minor) = split.attrs[0][1][1][0][0], split.attrs[0][1][1][1]
+    lay = layout.replace("d32", merged).replace("heads", major).replace("d_kv", minor)
+    cost = predict(g2, "all:2", lay)
+    got = [c.kind for c in cost.collectives if c.op == split.name]
+    assert got == kinds
+    if kinds:
+        local_in = 16 * 32 // 2 * 4
+        assert [c.bytes for c in cost.collectives if c.op == split.name] == [local_in]
+
+
+def test_attention_rename_gathers_when_length_is_split():
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=2, vocab=64, batch=4, length=8)
+    cost = predict(g, "all:2", "length:all")
+    renames = [c for c in cost.collectives if g.op(c.op).fn == "rename"]
+    assert renames and {c.kind for c in renames} <= {"all-gather"}
+    # k and v in the forward loop: [batch, length/2, heads, d_kv] gathered over 'all'
+    fwd = [c for c in renames if g.op(c.op).loop == "loop0"]
+    assert [c.bytes for c in fwd] == [4 * 4 * 4 * 8 * 4] * 2
+    assert all(c.count == 2 for c in fwd)
+    # the same split on both length dims of one rename is local: no collective
+    cost2 = predict(g, "rows:2,cols:2", "length:rows;length_1:cols")
+    assert all(c.kind == "all-gather" for c in cost2.collectives if g.op(c.op).fn == "rename")
+
+
+def test_gather_and_scatter_over_split_vocab_and_batch():
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=1, vocab=64, batch=4, length=8)
+    cost = predict(g, "rows:2,cols:2", "vocab:rows;batch:cols")
+    gather = next(op for op in g.ops() if op.kind == "gather")
+    scatter = next(op for op in g.ops() if op.kind == "scatter")
+    (gc,) = [c for c in cost.collectives if c.op == gather.name]
+    assert (gc.kind, gc.mesh_axes, gc.bytes) == ("all-reduce", ("rows",), 2 * 8 * 16 * 4)
+    (sc,) = [c for c in cost.collectives if c.op == scatter.name]
+    assert (sc.kind, sc.mesh_axes, sc.bytes) == ("all-reduce", ("cols",), 32 * 16 * 4)
+
+
+def test_loop_dim_cannot_be_split():
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=2, vocab=64, batch=4, length=8)
+    with pytest.raises(LayoutError, match=r"'layers' indexes the iterations of a scan"):
+        predict(g, "all:2", "layers:all")
+
+
+def test_scan_multiplicity_scales_time_not_graph():
+    kw = dict(d_model=16, d_ff=32, heads=4, d_kv=8, vocab=64, batch=4, length=8)
+    c2 = predict(models.transformer_lm(n_layers=2, **kw), "all:4", "batch:all")
+    c4 = predict(models.transformer_lm(n_layers=4, **kw), "all:4", "batch:all")
+    body2 = c2.per_op[c2.per_op.loop != ""]
+    body4 = c4.per_op[c4.per_op.loop != ""]
+    assert (body4.total_s.sum()) == pytest.approx(2 * body2.total_s.sum())
+
+
+def test_liveness_peak_of_a_chain():
+    def f(x):
+        return jnp.tanh(jnp.exp(x))
+
+    g = trace(f, jax.ShapeDtypeStruct((64, 32), jnp.float32), dims=("a b",))
+    x_bytes = 64 * 32 * 4
+    cost = predict(g, "all:4", "")
+    assert cost.memory_bytes == 3 * x_bytes  # x, exp(x) and tanh(exp(x)) at the last op
+    cost = predict(g, "all:4", "a:all")
+    assert cost.memory_bytes == 3 * x_bytes // 4
+    assert cost.memory == {"params": 0, "grads": 0, "opt_state": 0, "activations": 3 * x_bytes // 4}
+
+
+TRANSFORMER = dict(d_model=32, d_ff=64, heads=4, d_kv=8, n_layers=2, vocab=64, batch=8, length=8)
+
+
+def test_weight_update_sharding_adam_memory_and_communication():
+    """Seed 003: all-reduce -> reduce-scatter + all-gather; Adam state and update compute / N."""
+    g = models.transformer_lm(**TRANSFORMER)
+    base = predict(g, "all:8", "batch:all")
+    wus = predict(g, "all:8", "batch:all|softmax:all")
+    softmax = g.tensor("softmax")
+    assert base.memory["opt_state"] - wus.memory["opt_state"] == 2 * 4 * softmax.size * 7 // 8
+    grad = g.op("grad/softmax")
+    by_op = lambda cost: [c for c in cost.collectives if g.op(c.op).name in  # noqa: E731
+                          {grad.name, *g.consumers(grad.name)} or c.kind in ("reduce-scatter", "all-gather")]
+    rs = [c for c in wus.collectives if c.kind == "reduce-scatter"]
+    ag = [c for c in wus.collectives if c.kind == "all-gather"]
+    assert len(rs) == 1 and len(ag) == 1
+    ar = [c for c in base.collectives if c.op == rs[0].op]
+    assert [c.kind for c in ar] == ["all-reduce"] and ar[0].bytes == rs[0].bytes == 4 * softmax.size
+    assert ag[0].bytes == 4 * softmax.size // 8 and g.tensor(ag[0].op).role == "output"
+    assert by_op(wus)
+    # bytes on the wire: RS + AG moves what one AR moves
+    assert wus.comm_bytes == base.comm_bytes - ar[0].bytes + rs[0].bytes + ag[0].bytes
+    # update compute shrinks by 8: the flops of the Adam update ops for softmax
+    assert wus.flops < base.flops
+
+
+def test_weight_update_sharding_errors():
+    g = models.transformer_lm(**TRANSFORMER)
+    with pytest.raises(LayoutError, match=r"embed.*not all-reduced over all"):
+        predict(g, "all:8", "d_ff:all|embed:all")
+    with pytest.raises(LayoutError, match=r"softmax"):
+        predict(g, "all:8", "vocab:all|softmax:all")
+    with pytest.raises(LayoutError, match=r"not_a_param"):
+        predict(g, "all:8", "batch:all|not_a_param:all")
+
+
+ZOO = {
+    "mlp": lambda: models.mlp(16, 8, 32),
+    "transformer": lambda: models.transformer_lm(d_model=8, d_ff=16, heads=2, d_kv=4, n_layers=2, vocab=16,
+                                                 batch=4, length=4),
+    "moe": lambda: models.moe(d_model=8, d_ff=16, experts=4, capacity=2, batch=4, length=4),
+}
+
+
+@pytest.mark.parametrize("model", list(ZOO), ids=list(ZOO))
+@pytest.mark.parametrize("mesh", ["all:2", "rows:2,cols:2", "rows:2,cols:2,planes:2"],
+                         ids=["1axis", "2axes", "3axes"])
+def test_predict_every_single_dim_layout_of_the_zoo(model, mesh):
+    """Every layout that splits one or two dims: valid ones predict, invalid ones raise LayoutError."""
+    g = ZOO[model]()
+    axes = [a.split(":")[0] for a in mesh.split(",")]
+    dims = [d for d in g.dims if d not in g.loop_dims]
+    ok = 0
+    for d in dims:
+        for a in axes:
+            try:
+                c = predict(g, mesh, f"{d}:{a}")
+            except LayoutError:
+                continue
+            ok += 1
+            assert c.time_s > 0 and c.memory_bytes > 0
+            assert c.flops <= predict(g, mesh, "").flops
+    assert ok >= len(dims)
+
+
+def test_unknown_hardware_lists_known():
+    with pytest.raises(ValueError, match=r"tpu-v4"):
+        predict(models.mlp(8, 8, 8), "all:2", "", "tpu-v99")
+
+
+def test_mfu_uses_model_flops():
+    g = models.mlp(64, 32, 128)
+    c = predict(g, "all:8", "batch:all", "tpu-v3")
+    assert c.mfu == pytest.approx(g.flops() / (c.time_s * 8 * get_hardware("tpu-v3").peak("bfloat16")))
+    assert math.isfinite(c.mfu)
