@@ -207,16 +207,21 @@ def test_scan_multiplicity_scales_time_not_graph():
 
 
 def test_liveness_peak_of_a_chain():
+    """y = exp(x) is materialised (a reduction reads it), s = sum_b y, out = y * s: at the
+    last op x, y, s and out are all live; exp alone would have been fused away."""
     def f(x):
-        return jnp.tanh(jnp.exp(x))
+        y = jnp.exp(x)
+        return y * y.sum(1, keepdims=True)
 
     g = trace(f, jax.ShapeDtypeStruct((64, 32), jnp.float32), dims=("a b",))
-    x_bytes = 64 * 32 * 4
+    x_bytes, s_bytes = 64 * 32 * 4, 64 * 4
     cost = predict(g, "all:4", "")
-    assert cost.memory_bytes == 3 * x_bytes  # x, exp(x) and tanh(exp(x)) at the last op
+    assert cost.memory_bytes == 3 * x_bytes + s_bytes
     cost = predict(g, "all:4", "a:all")
-    assert cost.memory_bytes == 3 * x_bytes // 4
-    assert cost.memory == {"params": 0, "grads": 0, "opt_state": 0, "activations": 3 * x_bytes // 4}
+    assert cost.memory_bytes == (3 * x_bytes + s_bytes) // 4
+    assert cost.memory == {"params": 0, "grads": 0, "opt_state": 0, "activations": (3 * x_bytes + s_bytes) // 4}
+    g2 = trace(lambda x: jnp.tanh(jnp.exp(x)), jax.ShapeDtypeStruct((64, 32), jnp.float32), dims=("a b",))
+    assert predict(g2, "all:4", "").memory_bytes == 2 * x_bytes  # exp(x) fused into tanh
 
 
 TRANSFORMER = dict(d_model=32, d_ff=64, heads=4, d_kv=8, n_layers=2, vocab=64, batch=8, length=8)
