@@ -42,7 +42,7 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
     (weight-update-sharded optimizer state and update temporaries)."""
     shrink = shrink or {}
     # fused (never materialised) elementwise intermediates take no memory
-    size = {op.name: (tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1)
+    size = {op.name: (-(-tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1))
                       if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
     units = graph._schedule()
     unit_of: dict[str, int] = {}

@@ -80,7 +80,7 @@ class _UpdatePlan:
     reduce_ops: list = field(default_factory=list)  # ops whose gradient all-reduce becomes RS (+AR)
     region: set = field(default_factory=set)  # update ops, sharded
     new_param: str = ""
-    scatter_dim: str = ""  # the parameter dim whose local slice the update is sharded along
+    scatter_dim: str = ""  # parameter dim the update is sharded along ("" = flattened, padded)
 
 
 def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict[str, _UpdatePlan]:
@@ -97,18 +97,14 @@ def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict
                 f"or name it with autolayout.named(g, name={grad!r}).")
         pdims = set(p.dim_names)
         plan = _UpdatePlan(pname, tuple(axes), math.prod(mesh.axis_size(a) for a in axes))
-        # reduce-scatter splits the gradient along one dim: the first (non-loop) dim whose
-        # local size the update axes divide, as in seed 003 (shard along a weight dim)
+        # Reduce-scatter splits the gradient along one dim: the first (non-loop) dim whose
+        # local size the update axes divide; otherwise, as seed 003 §4 ("data formatting"),
+        # the flattened local gradient, padded to a multiple of |U| (scatter_dim "").
         for d in p.shape:
             local = d.size // math.prod(mesh.axis_size(a) for a in axes_of.get(d.name, ()))
             if d.name not in graph.loop_dims and local % plan.factor == 0:
                 plan.scatter_dim = d.name
                 break
-        else:
-            raise LayoutError(
-                f"weight-update sharding of {pname!r} over {','.join(axes)} (size {plan.factor}): no dim of "
-                f"{pname} {[str(d) for d in p.shape]} has a local size divisible by {plan.factor} under "
-                f"layout {str(layout)!r}; shard its update over a smaller axis or drop the entry.")
         stack, seen = [grad], set()
         while stack:
             t = stack.pop()
@@ -192,8 +188,8 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, hardware: Any = "tpu-v3
             plan = shard_of[op.name]
             op_flops, op_compute = op_flops / plan.factor, op_compute / plan.factor
             if op.name == plan.new_param:
-                nbytes = graph.tensor(op.name).itemsize * math.prod(
-                    d.size for d in oc.local_shape) // plan.factor
+                nbytes = graph.tensor(op.name).itemsize * -(-math.prod(
+                    d.size for d in oc.local_shape) // plan.factor)
                 op_colls.append(dataclasses.replace(
                     _collective("all-gather", nbytes, plan.axes, op, mesh, hw), count=op.multiplicity))
         op_comm = sum(c.time_s for c in op_colls)
@@ -239,8 +235,9 @@ def _to_reduce_scatter(op: Op, colls: list[Collective], plan: _UpdatePlan, mesh:
                                        count=c.count))
         rest = [a for a in c.mesh_axes if a not in plan.axes]
         if rest:
+            shard = -(-c.bytes // plan.factor)  # padded shard (seed 003 §4)
             out.append(dataclasses.replace(
-                _collective("all-reduce", c.bytes // plan.factor, rest, op, mesh, hw), count=c.count))
+                _collective("all-reduce", shard, rest, op, mesh, hw), count=c.count))
     return out
 
 
