@@ -379,6 +379,11 @@ class Graph:
 
     def _schedule(self) -> list:
         """Top-level ops and whole loops, in an order that respects data flow."""
+        if getattr(self, "_sched", None) is None:
+            self._sched = self._compute_schedule()
+        return self._sched
+
+    def _compute_schedule(self) -> list:
         group = {}
         for lp in self.loops.values():
             for n in lp.body:

@@ -70,15 +70,24 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
         alloc[t.name] = unit_of[t.name]
         users = [unit_of[c] for c in graph.consumers(t.name)]
         free[t.name] = end if t.name in outputs else max(users, default=alloc[t.name])
-    best, best_at, best_body = -1, 0, {}
+    # sweep: +size at allocation, -size after the last use
+    delta = [0] * (end + 2)
+    for n in alloc:
+        delta[alloc[n]] += size[n]
+        delta[free[n] + 1] -= size[n]
+    best, best_at, running = -1, 0, 0
+    bodies = {}
     for i, u in enumerate(units):
-        live = [n for n in alloc if alloc[n] <= i <= free[n]]
-        body_peak, body_live = (_body_peak(graph, u, size) if isinstance(u, Loop) else (0, []))
-        total = sum(size[n] for n in live) + body_peak
+        running += delta[i]
+        total = running
+        if isinstance(u, Loop):
+            bodies[i] = _body_peak(graph, u, size)
+            total += bodies[i][0]
         if total > best:
-            best, best_at, best_body = total, i, {"live": live, "body": body_live}
+            best, best_at = total, i
+    live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0}
-    for n in best_body.get("live", []) + best_body.get("body", []):
+    for n in live + list(bodies.get(best_at, (0, []))[1]):
         breakdown[_category(graph.tensor(n))] += size[n]
     return max(best, 0), breakdown
 
@@ -93,10 +102,13 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int]) -> tuple[int, li
         users = [order[c] for c in graph.consumers(n) if c in order]
         outside = any(c not in order for c in graph.consumers(n))
         last[n] = end if (n in carried or outside) else max(users, default=order[n])
-    best, best_live = 0, []
+    delta = [0] * (end + 2)
+    for n in lp.body:
+        delta[order[n]] += size[n]
+        delta[last[n] + 1] -= size[n]
+    best, best_at, running = 0, 0, 0
     for i in range(end):
-        live = [n for n in lp.body if order[n] <= i <= last[n]]
-        total = sum(size[n] for n in live)
-        if total > best:
-            best, best_live = total, live
-    return best, best_live
+        running += delta[i]
+        if running > best:
+            best, best_at = running, i
+    return best, [n for n in lp.body if order[n] <= best_at <= last[n]]
