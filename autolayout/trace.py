@@ -626,8 +626,10 @@ class _Tracer:
         outs = self.run(body.jaxpr, body.consts, [*consts, *carries, *slices], body_ctx)
         results = []
         for c, nxt in zip(carries, outs[:ncar]):
-            if nxt.root is not None and nxt.root is not c:
-                self.bind(nxt, [(i, c.slots[i]) for i in range(len(c.shape))], eqn, body_ctx)
+            if nxt.root is not c:
+                # the next value must carry the carry's names: rename it where it cannot
+                # (e.g. ``h @ w`` with a square ``w`` gives h's axis the other name of w)
+                nxt = self.bind(nxt, [(i, c.slots[i]) for i in range(len(c.shape))], eqn, body_ctx)
             nxt_node = self.node_of(nxt, body_ctx)
             info["carries"].append((c, nxt_node))
             r = self.new_val(c.shape, c.dtype, ctx=ctx)
@@ -751,6 +753,11 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     except (TypeError, ValueError):
         arg_names = []
     closed = jax.make_jaxpr(fn)(*args)
+    # Drop dead equations (e.g. the unused max-residuals of jax.nn.softmax's derivative):
+    # jit removes them before they run, so the graph (and the cost model) must not count them.
+    from jax._src.interpreters import partial_eval as pe
+    live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    closed = closed.replace(jaxpr=live)
     tr = _Tracer()
     in_vals, in_names, in_roles = [], [], []
     plain = [(_path_str(p[1:]) if len(p) > 1 else "") for p, _ in flat]
@@ -813,6 +820,8 @@ def _build(tr: _Tracer, in_vals: list, in_names: list, outs: list, outvars: list
                 return cand
         raise AssertionError
 
+    naming: set[int] = set()  # classes whose name is being derived (renames can form cycles)
+
     def name(slot: int) -> str:
         r = uf.find(slot)
         if r in cls_name:
@@ -820,7 +829,9 @@ def _build(tr: _Tracer, in_vals: list, in_names: list, outs: list, outvars: list
         if uf.user[r]:
             cls_name[r] = uf.user[r]
         else:
-            origin = next((o for s, o in tr.rename_origin.items() if uf.find(s) == r), None)
+            naming.add(r)
+            origin = next((o for s, o in tr.rename_origin.items()
+                           if uf.find(s) == r and uf.find(o) not in naming), None)
             partner = next((uf.user[uf.find(s)] for s, o in tr.rename_origin.items()
                             if uf.find(o) == r and uf.user[uf.find(s)]), None)
             loop = next((lp for s, lp in tr.loop_slots.items() if uf.find(s) == r), None)
@@ -832,6 +843,7 @@ def _build(tr: _Tracer, in_vals: list, in_names: list, outs: list, outvars: list
                 cls_name[r] = fresh("layers")
             else:
                 cls_name[r] = fresh(f"d{uf.size[r]}")
+            naming.discard(r)
         return cls_name[r]
 
     def names(v: _Val) -> tuple:

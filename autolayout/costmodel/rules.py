@@ -190,6 +190,11 @@ def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware) -> OpCost:
         axes = [a for d in op.dims if d.name not in out_names for a in axes_of.get(d.name, ())]
         if axes:
             colls.append(_collective("all-reduce", _nbytes(out_local, op.output.itemsize), axes, op, mesh, hw))
+            if op.kind == "reduce" and op.fn in ("argmax", "argmin"):
+                # the winner's index needs the winning value first: pmax/pmin of the local
+                # extremes (value dtype), then pmin of the candidates' global indices
+                colls.append(_collective("all-reduce", _nbytes(out_local, _itemsize(op.input_dtypes[0])),
+                                         axes, op, mesh, hw))
     elif op.kind == "reshape":
         colls.extend(reshape_collectives(op, axes_of, mesh, hw))
     if op.kind == "reshape" and not colls:
