@@ -299,3 +299,54 @@ def test_mfu_uses_model_flops():
     c = predict(g, "all:8", "batch:all", "tpu-v3")
     assert c.mfu == pytest.approx(g.flops() / (c.time_s * 8 * get_hardware("tpu-v3").peak("bfloat16")))
     assert math.isfinite(c.mfu)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_GRAPHS = {name: make() for name, make in ZOO.items()}
+_MESHES = ["all:2", "rows:2,cols:2", "rows:2,cols:2,planes:2", "rows:4,cols:2"]
+
+
+@st.composite
+def _case(draw):
+    model = draw(st.sampled_from(sorted(_GRAPHS)))
+    mesh = draw(st.sampled_from(_MESHES))
+    g = _GRAPHS[model]
+    axes = [a.split(":")[0] for a in mesh.split(",")]
+    dims = sorted(d for d in g.dims if d not in g.loop_dims)
+    rules = {}
+    for a in axes:
+        d = draw(st.sampled_from([None] + dims))
+        if d is not None:
+            rules.setdefault(d, []).append(a)
+    return model, mesh, ";".join(f"{d}:{','.join(x)}" for d, x in rules.items())
+
+
+@settings(max_examples=60, deadline=None)
+@given(_case())
+def test_random_layouts_predict_consistently(case):
+    """Any multi-axis layout either raises LayoutError or gives figures that agree with
+    independent accounting: parameter memory is the sum of local slices, and splitting can
+    only divide (never lose) model flops."""
+    model, mesh_s, layout_s = case
+    g = _GRAPHS[model]
+    try:
+        c = predict(g, mesh_s, layout_s)
+    except LayoutError:
+        return
+    sizes = dict(a.split(":") for a in mesh_s.split(","))
+    rules = dict(r.split(":") for r in layout_s.split(";") if r)
+    n_dev = math.prod(int(v) for v in sizes.values())
+
+    def local(t):
+        return math.prod(d.size // math.prod(int(sizes[a]) for a in rules.get(d.name, "").split(",") if a)
+                         for d in t.shape)
+
+    assert c.memory["params"] == sum(4 * local(t) for t in g.params())  # params live all step
+    dots = c.per_op[(c.per_op.kind == "einsum") & (c.per_op.fn == "dot")]
+    assert float((dots.flops * dots["count"]).sum()) * n_dev >= g.flops()
+    assert c.time_s == pytest.approx(c.compute_s + c.comm_s)
+    assert c.comm_bytes == sum(x.bytes * x.count for x in c.collectives)
+    for x in c.collectives:
+        assert x.group_size == math.prod(int(sizes[a]) for a in x.mesh_axes)
