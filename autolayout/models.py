@@ -191,10 +191,11 @@ def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, len
         expert = jnp.argmax(gates, axis=-1)
         mask = jax.nn.one_hot(expert, experts, dtype=x.dtype)  # [b, l, e]
         upto = (jnp.arange(length)[:, None] <= jnp.arange(length)[None, :]).astype(x.dtype)
-        upto = named(upto, "length length_1")
-        position = jnp.einsum("ble,lm->bme", mask, upto) - 1.0  # inclusive cumsum over tokens
+        # inclusive cumsum over tokens; the matrix's second token axis becomes the renamed
+        # dim `length_1` (cannot-link, DESIGN §3), so slot is renamed back where it meets mask
+        position = jnp.einsum("ble,lm->bme", mask, upto) - 1.0
         slot = jax.nn.one_hot(position.astype(jnp.int32), capacity, dtype=x.dtype)
-        slot = named(slot, "batch length_1 experts capacity")
+        slot = named(slot, "batch _ experts capacity")
         dispatch = mask[..., None] * slot
         combine = dispatch * gates[..., None]
         expert_in = jnp.einsum("blec,bld->becd", dispatch, x)

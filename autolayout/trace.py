@@ -210,6 +210,14 @@ class _Tracer:
         """Unify ``val``'s axes with target slots; on a cannot-link conflict, return a
         renamed copy of ``val`` whose conflicting axes take fresh names."""
         pairs = [(ax, t) for ax, t in pairs if val.slots[ax] is not None and t is not None]
+        for ax, t in pairs:
+            a, b = self.uf.user[self.uf.find(val.slots[ax])], self.uf.user[self.uf.find(t)]
+            if a and b and a != b:
+                # DESIGN §3.3: two user names meeting is the user's mistake, not a rename
+                raise TraceError(
+                    f"`{eqn.primitive}` at {_source(eqn) or 'unknown source'} relates the axis you "
+                    f"named {a!r} to the axis you named {b!r} (inputs {_shapes(eqn)}): one dim cannot "
+                    f"have two names. Fix: call both {a!r} (or both {b!r}) in `dims` / autolayout.named.")
         if all(self.uf.can_union(val.slots[ax], t) for ax, t in pairs):
             for ax, t in pairs:
                 if not self.uf.can_union(val.slots[ax], t):

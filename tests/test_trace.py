@@ -331,3 +331,12 @@ def test_unsupported_primitive_names_primitive_shapes_and_source_line(fn, args, 
 def test_trace_error_is_a_value_error():
     # the CLI prints ValueErrors as one-line messages
     assert issubclass(TraceError, ValueError)
+
+
+def test_two_user_names_for_one_dim_is_an_error():
+    """DESIGN §3.3: an equation relating two differently named axes is a naming mistake."""
+    from autolayout.trace import TraceError, trace as trace_
+
+    with pytest.raises(TraceError, match=r"named 'd_model' to the axis you named 'd_in'.*call both 'd_model'"):
+        trace_(lambda a, b: a @ b, jax.ShapeDtypeStruct((4, 8), jnp.float32),
+               jax.ShapeDtypeStruct((8, 2), jnp.float32), dims=("batch d_model", "d_in d_out"))
