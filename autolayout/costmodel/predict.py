@@ -83,6 +83,14 @@ class _UpdatePlan:
     scatter_dim: str = ""  # parameter dim the update is sharded along ("" = flattened, padded)
 
 
+def opt_state_of(graph: Graph, param: str) -> list[str]:
+    """Optimizer-state tensors of ``param``: same dims, named ``<slot>/<param>`` (e.g.
+    ``mu/layers/wq`` for ``layers/wq``, as :func:`autolayout.train_step` lays them out)."""
+    p = graph.tensor(param)
+    return [t.name for t in graph.tensors() if t.role == "opt_state" and "/" in t.name
+            and t.name.split("/", 1)[1] == param and set(t.dim_names) == set(p.dim_names)]
+
+
 def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict[str, _UpdatePlan]:
     """Find, for each update-sharded parameter, its gradient all-reduce(s), the update
     ops and the updated parameter (seed 003: reduce-scatter -> sharded update -> all-gather)."""
@@ -135,8 +143,7 @@ def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict
                 f"over an axis that splits the batch, or drop the '{pname}:{','.join(axes)}' entry.")
         # update region: elementwise ops downstream of the gradient and of the parameter's
         # optimizer state, staying within parameter-shaped tensors
-        starts = [grad] + [t.name for t in graph.tensors() if t.role == "opt_state"
-                           and t.name.endswith("/" + pname) and set(t.dim_names) == pdims]
+        starts = [grad] + opt_state_of(graph, pname)
         frontier, region = list(starts), set()
         while frontier:
             t = frontier.pop()
@@ -210,9 +217,8 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, hardware: Any = "tpu-v3
         for name in plan.region:
             if name != plan.new_param:
                 shrink[name] = plan.factor
-        for t in graph.tensors():
-            if t.role == "opt_state" and t.name.endswith("/" + plan.param):
-                shrink[t.name] = plan.factor
+        for name in opt_state_of(graph, plan.param):
+            shrink[name] = plan.factor
     mem_total, breakdown = peak_memory(graph, mesh, axes_of, shrink)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
@@ -231,11 +237,14 @@ def _to_reduce_scatter(op: Op, colls: list[Collective], plan: _UpdatePlan, mesh:
         if c.kind != "all-reduce" or not set(plan.axes) <= set(c.mesh_axes):
             out.append(c)
             continue
-        out.append(dataclasses.replace(_collective("reduce-scatter", c.bytes, plan.axes, op, mesh, hw),
-                                       count=c.count))
+        # the operand is the local gradient padded to a multiple of |U| elements (seed 003 §4;
+        # no padding when scatter_dim divides)
+        item = op.output.itemsize
+        shard = -(-(c.bytes // item) // plan.factor) * item
+        out.append(dataclasses.replace(
+            _collective("reduce-scatter", shard * plan.factor, plan.axes, op, mesh, hw), count=c.count))
         rest = [a for a in c.mesh_axes if a not in plan.axes]
         if rest:
-            shard = -(-c.bytes // plan.factor)  # padded shard (seed 003 §4)
             out.append(dataclasses.replace(
                 _collective("all-reduce", shard, rest, op, mesh, hw), count=c.count))
     return out

@@ -1,0 +1,379 @@
+"""The CP-SAT model of DESIGN §5.
+
+Variables
+    ``x[d, m]``  dim ``d`` is split over mesh axis ``m`` (only for non-loop dims
+                 and axes of size > 1 whose size divides ``d``);
+    ``y[D, a]``  one-hot over the valid assignments ``a`` of a dim group ``D``
+                 (see tables.py), linked by ``Σ_{a: m ∈ a(d)} y[D, a] = x[d, m]``;
+    ``w[p, a]``  weight-update sharding of parameter ``p`` while its dims group
+                 ``D_p`` has assignment ``a`` (``w[p, a] <= y[D_p, a]``, wus.py).
+
+Constraints on ``x``: divisibility (no axis subset whose product does not divide
+the dim: one clause per minimal bad subset), legality and ``check_op`` (at most
+one dim of each conflict group per axis, space.py), and lexicographic order of
+the columns of interchangeable axes (symmetry breaking). Memory rows
+``Σ_{t live at point} bytes(t) <= limit`` are added lazily (solver.py).
+
+Objective (integer): ``Σ_H Σ_a round((T[H, a] - min_a T[H, a]) / unit) · y[H, a]
++ Σ round(dtime / unit) · w``. ``T[D, a] = Σ_{classes c of D} k_c ·
+op_cost(c, a).time_s`` per dim group; every group is *folded* into the largest
+group ``H ⊇ D`` (``T[H, b] += T[D, b restricted to D]``), since ``y[D]`` is a
+function of ``y[H]`` — only maximal groups get one-hots, which shrinks the model
+and tightens its LP relaxation. ``unit`` is the power of ten (seconds) that maps
+the largest possible objective to at most ``RESOLUTION`` (10^12) units, so each
+coefficient is rounded by at most ``unit / 2`` and the objective in seconds,
+``Σ_H min_a T[H, a] + unit · objective``, matches ``predict`` to within
+``(number of terms) · unit / 2`` (``SearchResult.tolerance_s``).
+
+Memory rows fold each tensor's bytes into an existing one-hot containing its dims
+the same way. ``prune`` fixes to 0 every ``y``/``w`` whose coefficient alone
+would push the objective past that of a known feasible layout (the warm start):
+those assignments cannot be in any optimal layout, and there are many of them
+(e.g. splitting ``d_kv`` 16 ways in GPT-3).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autolayout.search.tables import Tables, prod_axes
+from autolayout.search.wus import WusParam
+
+__all__ = ["LayoutModel", "Decoded", "RESOLUTION"]
+
+RESOLUTION = 10 ** 12
+
+
+@dataclass
+class Decoded:
+    """A point of the search space: the layout's rules and its update sharding."""
+
+    axes_of: dict[str, tuple[str, ...]]
+    wus: dict[str, tuple[str, ...]]  # param -> update axes
+    active: list[tuple[int, int]]  # (index in LayoutModel.wus, option index)
+
+
+class LayoutModel:
+    """A CP-SAT model over the layouts of ``tables.graph`` on ``tables.mesh``."""
+
+    def __init__(self, tables: Tables, wus: list[WusParam], *, time_objective: bool = True) -> None:
+        self.tables, self.space, self.wus = tables, tables.space, wus
+        self.model = m = cp_model.CpModel()
+        space, mesh = self.space, tables.mesh
+        self.x: dict[tuple[str, str], cp_model.IntVar] = {}
+        for d in space.dims:
+            for a in space.axes:
+                if space.usable(d, a):
+                    self.x[d, a] = m.NewBoolVar(f"x[{d},{a}]")
+        # divisibility: forbid each minimal axis subset whose product does not divide the dim
+        for d in space.dims:
+            usable = [a for a in space.axes if (d, a) in self.x]
+            bad: list[tuple[str, ...]] = []
+            for r in range(2, len(usable) + 1):
+                for combo in itertools.combinations(usable, r):
+                    if space.size[d] % prod_axes(mesh, combo) and not any(set(b) <= set(combo) for b in bad):
+                        bad.append(combo)
+                        m.AddBoolOr([self.x[d, a].Not() for a in combo])
+        # legality (tensors) and check_op (reducing ops): one dim of a conflict group per axis
+        for grp in self.space.groups:
+            for a in space.axes:
+                lits = [self.x[d, a] for d in space.order(grp) if (d, a) in self.x]
+                if len(lits) >= 2:
+                    m.AddAtMostOne(lits)
+        # symmetry: columns of interchangeable axes in decreasing lexicographic order
+        n = len(space.dims)
+        if n <= 50:
+            weight = {d: 2 ** (n - 1 - i) for i, d in enumerate(space.dims)}
+            for sym in tables.symmetric:
+                for a, b in zip(sym, sym[1:]):
+                    lhs = sum(weight[d] * self.x[d, a] for d in space.dims if (d, a) in self.x)
+                    rhs = sum(weight[d] * self.x[d, b] for d in space.dims if (d, b) in self.x)
+                    if not isinstance(lhs, int):
+                        m.Add(lhs >= rhs)
+        self.y: dict[tuple[str, ...], list] = {}
+        self.w: list[dict[int, cp_model.IntVar]] = []
+        for k, p in enumerate(wus):
+            ys = self.onehot(p.dims)
+            wk = {}
+            for j, opt in enumerate(p.options):
+                v = m.NewBoolVar(f"w[{p.param},{opt.index}]")
+                m.AddImplication(v, ys[opt.index])
+                wk[j] = v
+            self.w.append(wk)
+        self.constant_s = 0.0
+        self.unit = 1e-12
+        self.terms = 0
+        self.objective: cp_model.LinearExpr | int = 0
+        self.obj_vars: list = []
+        self.obj_coefs: list[int] = []
+        self.coef: dict[tuple[str, ...], np.ndarray] = {}  # integer objective coefficients per group
+        self.wcoef: dict[tuple[int, int], int] = {}
+        self._proj: dict[tuple, np.ndarray] = {}
+        self.pruned = 0
+        if time_objective:
+            self._time_objective()
+        self.memory_rows: list[tuple[str, ...]] = []
+
+    # -- variables --------------------------------------------------------------------
+    def onehot(self, dims: tuple[str, ...]) -> list:
+        """``y[dims, ·]`` (created with its one-hot and linking constraints on first use)."""
+        ys = self.y.get(dims)
+        if ys is not None:
+            return ys
+        g = self.tables.group(dims)
+        m = self.model
+        if len(g.assignments) == 1:
+            ys = [1]
+        else:
+            ys = [m.NewBoolVar(f"y[{','.join(dims)}#{i}]") for i in range(len(g.assignments))]
+            m.AddExactlyOne(ys)
+            for j, d in enumerate(dims):
+                for a in self.space.axes:
+                    if (d, a) in self.x:
+                        m.Add(sum(ys[i] for i, asg in enumerate(g.assignments) if a in asg[j])
+                              == self.x[d, a])
+        self.y[dims] = ys
+        return ys
+
+    def project(self, host: tuple[str, ...], dims: tuple[str, ...]) -> np.ndarray:
+        """For each assignment of ``host`` (⊇ ``dims``), the index of its restriction to ``dims``."""
+        key = (host, dims)
+        hit = self._proj.get(key)
+        if hit is None:
+            h, g = self.tables.group(host), self.tables.group(dims)
+            pos = [host.index(d) for d in dims]
+            hit = self._proj[key] = np.array([g.index[tuple(b[i] for i in pos)] for b in h.assignments],
+                                             dtype=np.int64)
+        return hit
+
+    def host(self, dims: tuple[str, ...], candidates: list[tuple[str, ...]]) -> tuple[str, ...]:
+        """The largest candidate containing ``dims`` (first in canonical order), else ``dims``."""
+        inside = [h for h in candidates if set(dims) <= set(h)]
+        return min(inside, key=lambda h: (-len(h), h)) if inside else dims
+
+    def _time_objective(self) -> None:
+        # Fold every group into the largest group containing its dims: y of a subset is a
+        # function of y of the superset, so one one-hot per maximal group carries all the
+        # cost (fewer variables, tighter LP relaxation).
+        groups = [g for g in self.tables.groups.values() if g.classes and g.time.max() > g.time.min()]
+        self.constant_s = sum(float(g.time.min()) for g in self.tables.groups.values()
+                              if g.classes and not g.time.max() > g.time.min())
+        maximal = [g.dims for g in groups if not any(set(g.dims) < set(h.dims) for h in groups)]
+        folded: dict[tuple[str, ...], np.ndarray] = {h: np.zeros(len(self.tables.group(h).assignments))
+                                                     for h in maximal}
+        for g in groups:
+            h = self.host(g.dims, maximal)
+            folded[h] += g.time[self.project(h, g.dims)] if h != g.dims else g.time
+        excess = sum(float(t.max() - t.min()) for t in folded.values())
+        excess += sum(abs(o.dtime) for p in self.wus for o in p.options)
+        self.unit = 10.0 ** math.ceil(math.log10(excess / RESOLUTION)) if excess > 0 else 1e-12
+        terms = []
+        for dims in sorted(folded):
+            t = folded[dims]
+            lo = float(t.min())
+            self.constant_s += lo
+            coef = np.rint((t - lo) / self.unit).astype(np.int64)
+            if coef.max() == 0:
+                continue
+            ys = self.onehot(dims)
+            self.coef[dims] = coef
+            terms += [(int(c), v) for c, v in zip(coef, ys) if c]
+            self.terms += 1
+        for k, (p, wk) in enumerate(zip(self.wus, self.w)):
+            for j, opt in enumerate(p.options):
+                c = int(round(opt.dtime / self.unit))
+                self.wcoef[k, j] = c
+                if c:
+                    terms.append((c, wk[j]))
+                    self.terms += 1
+        self.obj_vars = [v for _, v in terms]
+        self.obj_coefs = [c for c, _ in terms]
+        self.objective = cp_model.LinearExpr.WeightedSum(self.obj_vars, self.obj_coefs) if terms else 0
+        self.model.Minimize(self.objective)
+
+    def units(self, point: Decoded) -> int:
+        """Integer objective of ``point``."""
+        total = sum(int(c[self.tables.restrict(point.axes_of, dims)]) for dims, c in self.coef.items())
+        return total + sum(self.wcoef[k, j] for k, j in point.active)
+
+    def lower_units(self) -> int:
+        """A lower bound of the objective: every one-hot block at its minimum."""
+        wmin: dict[int, int] = {}
+        for (k, j), c in self.wcoef.items():
+            wmin[k] = min(wmin.get(k, 0), c)
+        return sum(wmin.values())
+
+    def prune(self, upper: int) -> int:
+        """Fix to 0 every y/w whose own coefficient already makes the objective exceed
+        ``upper`` (the objective of a layout known to satisfy every constraint, memory
+        included): each one-hot block contributes at least its minimum, so
+        ``objective >= lower - min(block) + coef``. Optimal layouts (objective <= upper)
+        are never cut. Returns the number of variables fixed."""
+        wmin: dict[int, int] = {}
+        for (k, j), c in self.wcoef.items():
+            wmin[k] = min(wmin.get(k, 0), c)
+        lower = self.lower_units()  # group blocks have minimum 0 (coefficients are shifted)
+        fixed = 0
+        for dims, coef in self.coef.items():
+            ys = self.y[dims]
+            for c, v in zip(coef, ys):
+                if lower + int(c) > upper and not isinstance(v, int):
+                    self.model.Add(v == 0)
+                    fixed += 1
+        for (k, j), c in self.wcoef.items():
+            if lower - wmin.get(k, 0) + c > upper:
+                self.model.Add(self.w[k][j] == 0)
+                fixed += 1
+        self.pruned += fixed
+        return fixed
+
+    def seconds(self, value: float) -> float:
+        """Objective units -> seconds per step."""
+        return self.constant_s + value * self.unit
+
+    def tolerance_s(self) -> float:
+        """Largest difference rounding can make between the objective and the exact time."""
+        return (self.terms + 1) * self.unit / 2
+
+    # -- memory --------------------------------------------------------------------------
+    def memory_expr(self, names: tuple[str, ...]) -> tuple[list, list, int]:
+        """``(vars, coefs, constant)``: local bytes live at a point, linear in y and w."""
+        graph, tables = self.tables.graph, self.tables
+        per_group: dict[tuple[str, ...], np.ndarray] = {}
+        const = 0
+        for n in names:
+            t = graph.tensor(n)
+            dims = tables.tensor_dims(t)
+            vec = tables.tensor_bytes(t)
+            if len(vec) == 1:
+                const += int(vec[0])
+            elif dims in per_group:
+                per_group[dims] = per_group[dims] + vec
+            else:
+                per_group[dims] = vec.copy()
+        hosts = [h for h, ys in self.y.items() if len(ys) > 1]
+        folded: dict[tuple[str, ...], np.ndarray] = {}
+        for dims, vec in per_group.items():
+            h = self.host(dims, hosts)
+            v = vec[self.project(h, dims)] if h != dims else vec
+            folded[h] = folded[h] + v if h in folded else v
+        vars_, coefs = [], []
+        for dims, vec in sorted(folded.items()):
+            lo = int(vec.min())
+            const += lo
+            if vec.max() == lo:
+                continue
+            ys = self.onehot(dims)
+            for c, v in zip(vec - lo, ys):
+                if c:
+                    vars_.append(v)
+                    coefs.append(int(c))
+        live = set(names)
+        for p, wk in zip(self.wus, self.w):
+            for j, opt in enumerate(p.options):
+                c = sum(b for t, b in opt.dbytes.items() if t in live)
+                if c:
+                    vars_.append(wk[j])
+                    coefs.append(int(c))
+        return vars_, coefs, const
+
+    def add_memory_row(self, names: tuple[str, ...], limit: int) -> bool:
+        """Add ``bytes live at names <= limit``; False if no layout can satisfy it."""
+        vars_, coefs, const = self.memory_expr(names)
+        self.memory_rows.append(names)
+        lowest = const + sum(min(c, 0) for c in coefs)
+        self.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) <= limit - const)
+        return lowest <= limit
+
+    # -- decoding, hints -------------------------------------------------------------------
+    def decode(self, value) -> Decoded:
+        """Read a solution; ``value(var) -> bool``."""
+        axes_of: dict[str, tuple[str, ...]] = {}
+        for d in self.space.dims:
+            axes = tuple(a for a in self.space.axes if (d, a) in self.x and value(self.x[d, a]))
+            if axes:
+                axes_of[d] = axes
+        wus, active = {}, []
+        for k, (p, wk) in enumerate(zip(self.wus, self.w)):
+            for j, v in wk.items():
+                if value(v):
+                    wus[p.param] = p.options[j].axes
+                    active.append((k, j))
+        return Decoded(axes_of, wus, active)
+
+    def hint(self, point: Decoded) -> None:
+        """Warm start from ``point`` (all x, y and w; written to the proto in bulk)."""
+        idx: list[int] = []
+        val: list[int] = []
+        for (d, a), v in self.x.items():
+            idx.append(v.Index())
+            val.append(int(a in point.axes_of.get(d, ())))
+        for dims, ys in self.y.items():
+            if len(ys) > 1:
+                i = self.tables.restrict(point.axes_of, dims)
+                idx += [v.Index() for v in ys]
+                val += [int(j == i) for j in range(len(ys))]
+        on = set(point.active)
+        for k, wk in enumerate(self.w):
+            for j, v in wk.items():
+                idx.append(v.Index())
+                val.append(int((k, j) in on))
+        self.model.ClearHints()
+        hint = self.model.Proto().solution_hint
+        hint.vars.extend(idx)
+        hint.values.extend(val)
+
+    def tie_break_model(self, best: int) -> tuple[cp_model.CpModel, Any]:
+        """A copy of the model with the objective fixed at ``best`` units, minimising the
+        lexicographic tie-break of solver.py; returns it and ``var -> its copy``."""
+        m2 = self.model.clone()
+
+        def twin(v: Any) -> Any:
+            return m2.get_bool_var_from_proto_index(v.Index())
+
+        if self.obj_vars:
+            m2.Add(cp_model.LinearExpr.WeightedSum([twin(v) for v in self.obj_vars], self.obj_coefs) <= best)
+        # one slot per x bit, then one per parameter (at most one of its w is on)
+        slots = [[self.x[d, a]] for d in self.space.dims for a in self.space.axes if (d, a) in self.x]
+        slots += [list(wk.values()) for wk in self.w if wk]
+        n = len(slots)
+        bits, weights = [], []
+        for i, slot in enumerate(slots):
+            for v in slot:
+                bits.append(twin(v))
+                weights.append(2 ** max(n - 1 - i, 0) if n <= 62 else 2 ** max(61 - i, 0))
+        m2.Minimize(cp_model.LinearExpr.WeightedSum(bits, weights) if bits else 0)
+        return m2, twin
+
+    def size(self) -> tuple[int, int]:
+        proto = self.model.Proto()
+        return len(proto.variables), len(proto.constraints)
+
+
+def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:
+    """Predicted seconds per step of ``point`` from the tables (exact up to float summation order)."""
+    total = 0.0
+    for g in tables.groups.values():
+        if g.classes:
+            total += float(g.time[tables.restrict(point.axes_of, g.dims)])
+    for k, j in point.active:
+        total += wus[k].options[j].dtime
+    return total
+
+
+def canonical_columns(tables: Tables, axes_of: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Permute interchangeable axes so that their columns are in decreasing lexicographic order."""
+    space = tables.space
+    mapping = {a: a for a in space.axes}
+    for sym in tables.symmetric:
+        cols = {a: tuple(int(a in axes_of.get(d, ())) for d in space.dims) for a in sym}
+        ranked = sorted(sym, key=lambda a: cols[a], reverse=True)
+        for new, old in zip(sym, ranked):
+            mapping[old] = new
+    order = {a: i for i, a in enumerate(tables.mesh.axis_names)}
+    return {d: tuple(sorted((mapping[a] for a in axes), key=order.__getitem__)) for d, axes in axes_of.items()}

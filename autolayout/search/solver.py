@@ -1,0 +1,280 @@
+"""Solving the layout model: warm start, lazy memory rows, tie-breaking, min-memory.
+
+**Warm start.** A local search over the tables (``greedy``: from the unsplit
+layout and from the data-parallel one, repeatedly give one dim the axis subset
+that lowers the predicted time most, evicting conflicting dims) gives a good
+layout; its columns are put in the symmetry-breaking order, it takes the WUS
+options that save time, and it is passed as a complete hint. If it fits the
+memory limit its objective is an upper bound, and ``LayoutModel.prune`` fixes
+every assignment that alone would exceed it.
+
+**Memory, exactly.** ``predict``'s memory is a peak over schedule points
+(liveness.py). The model starts without memory rows; after each solve the
+solution's peak is computed point by point, and if it exceeds the limit the
+row of the point reaching the peak is added and the model re-solved, until the
+solution fits. Every row is a true constraint, so the first fitting solution
+of the time-optimal relaxation is optimal for the full problem. If the model
+becomes infeasible, no layout fits: the smallest achievable peak is found by
+minimising memory (same lazy rows, objective ``M >= every row``) and reported
+in a :class:`SearchError`.
+
+**Tie-breaking (determinism).** CP-SAT with several workers may return any of
+several equal-cost optima. When the time solve is OPTIMAL, a second solve fixes
+the objective at its optimum and minimises ``Σ_i 2^(n-1-i) b_i`` over the bits
+``b`` = ``x[d, m]`` (dims in ``graph.dims`` order, axes in mesh order), then one
+slot per parameter (its ``w`` bits, parameters in graph order; at most one is
+on). Its optimum is unique (for up to 62 slots): among the
+layouts of minimal (integer-scaled) time, the one that leaves earlier dims
+unsplit / on later axes, and shards no update it need not. The same inputs
+thus give the same layout. (If the time solve stops at the time limit, the
+best layout found is returned with status FEASIBLE and its gap.)
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from autolayout.core import LayoutError
+from autolayout.search.liveness import live_points, peak_of
+from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
+from autolayout.search.tables import Tables
+from autolayout.search.wus import WusParam
+
+__all__ = ["SearchError", "Solved", "solve", "min_memory", "greedy"]
+
+
+class SearchError(LayoutError):
+    """No layout satisfies the request (e.g. the memory budget is below what any layout needs)."""
+
+
+@dataclass
+class Solved:
+    point: Decoded
+    status: str  # OPTIMAL | FEASIBLE
+    objective_s: float
+    bound_s: float
+    solve_time_s: float
+    num_variables: int
+    num_constraints: int
+    memory_rows: int
+    tolerance_s: float
+    notes: list = field(default_factory=list)
+    peak_bytes: int = 0
+
+
+def _solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = max(seconds, 0.01)
+    s.parameters.num_workers = workers
+    s.parameters.random_seed = seed
+    return s
+
+
+def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, int]:
+    """Local bytes of every tensor under ``point`` (with the WUS shrink), as ``predict`` counts them."""
+    sizes = {}
+    for t in tables.graph.tensors():
+        dims = tables.tensor_dims(t)
+        sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
+    for k, j in point.active:
+        for n, b in wus[k].options[j].dbytes.items():
+            sizes[n] += b
+    return sizes
+
+
+def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
+    """Warm start by local search over the tables (see module docstring).
+
+    Moves: give one dim any allowed axis subset, evicting conflicting dims from
+    those axes. Best improvement first, from two starts (unsplit; every axis on
+    the first dim of the largest tensor input's dims that divides, i.e. data
+    parallel when that dim is the batch), until no move improves. The result is
+    put in canonical column order and takes the WUS options that save time.
+    """
+    space = tables.space
+
+    def cost(axes_of: dict) -> float:
+        return evaluate_time(tables, wus, with_best_wus(tables, wus, axes_of))
+
+    def moves(axes_of: dict):
+        for d in space.dims:
+            for combo in space.subsets[d]:
+                if combo == axes_of.get(d, ()):
+                    continue
+                cand = {k: v for k, v in axes_of.items() if k != d}
+                for o in space.conflicts[d]:
+                    if o in cand and set(cand[o]) & set(combo):
+                        kept = tuple(a for a in cand[o] if a not in combo)
+                        if kept in space.subsets[o]:
+                            cand[o] = kept
+                        else:
+                            cand.pop(o)
+                    if o in cand and not cand[o]:
+                        cand.pop(o)
+                if combo:
+                    cand[d] = combo
+                yield cand
+
+    def descend(axes_of: dict) -> tuple[float, dict]:
+        best = cost(axes_of)
+        while True:
+            move, move_t = None, best
+            for cand in moves(axes_of):
+                t = cost(cand)
+                if t < move_t * (1 - 1e-12):
+                    move, move_t = cand, t
+            if move is None:
+                return best, axes_of
+            axes_of, best = move, move_t
+
+    starts = [{}]
+    inputs = [t for t in tables.graph.tensors() if t.role == "input"]
+    if inputs:
+        big = max(inputs, key=lambda t: t.size)
+        for d in big.dim_names:
+            full = tuple(space.axes)
+            if d in space.subsets and full in space.subsets[d]:
+                starts.append({d: full})
+                break
+    best_t, best = min((descend(s) for s in starts), key=lambda r: r[0])
+    return with_best_wus(tables, wus, canonical_columns(tables, best))
+
+
+def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
+    """``axes_of`` with every WUS option that saves time switched on."""
+    active, upd = [], {}
+    for k, p in enumerate(wus):
+        i = tables.restrict(axes_of, p.dims)
+        for j, o in enumerate(p.options):
+            if o.index == i and o.dtime < 0:
+                active.append((k, j))
+                upd[p.param] = o.axes
+    return Decoded(axes_of, upd, active)
+
+
+def _bound(lm: LayoutModel, solver: cp_model.CpSolver, objective: float | None) -> float:
+    """CP-SAT's best bound, or the model's trivial one (every block at its minimum) when it has none."""
+    trivial = lm.lower_units()
+    b = solver.BestObjectiveBound()
+    if not math.isfinite(b) or (objective is None and b > trivial) or (objective is not None and b > objective):
+        return trivial
+    return max(b, trivial)
+
+
+def _status(code: int, model: cp_model.CpModel | None = None) -> str:
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"internal: invalid CP-SAT model: {model.Validate() if model else ''}")
+    return {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
+            cp_model.INFEASIBLE: "INFEASIBLE"}.get(code, "UNKNOWN")
+
+
+def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limit_s: float = 60.0,
+          workers: int = 2, seed: int = 0) -> Solved:
+    """Minimise predicted time subject to ``peak memory <= memory_limit`` (``inf``: no limit)."""
+    start = time.perf_counter()
+    lm = LayoutModel(tables, wus)
+    points = live_points(tables.graph) if math.isfinite(memory_limit) else []
+    limit = int(memory_limit) if math.isfinite(memory_limit) else 0
+    hint = greedy(tables, wus)
+    if not points or peak_of(points, sizes_of(tables, wus, hint))[0] <= limit:
+        lm.prune(lm.units(hint))  # the warm start satisfies every constraint: its objective bounds
+    notes: list[str] = []
+    solve_s = 0.0
+    while True:
+        left = time_limit_s - (time.perf_counter() - start)
+        lm.hint(hint)
+        solver = _solver(left, workers, seed)
+        code = solver.Solve(lm.model)
+        solve_s += solver.WallTime()
+        status = _status(code, lm.model)
+        if status == "INFEASIBLE":
+            peak, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, peak, point))
+        if status == "UNKNOWN":  # time limit before any solution: fall back to the warm start
+            point = hint
+            obj = evaluate_time(tables, wus, point)
+            notes.append("time limit reached before CP-SAT found a solution; returning the warm start")
+            bound = lm.seconds(_bound(lm, solver, None))
+            status = "FEASIBLE"
+        else:
+            point = lm.decode(solver.BooleanValue)
+            obj_units = solver.ObjectiveValue()
+            bound = lm.seconds(_bound(lm, solver, obj_units))
+            obj = lm.seconds(obj_units)
+            if status == "OPTIMAL":  # tie-break among equal-time optima (module docstring)
+                lm.hint(point)
+                m2, twin = lm.tie_break_model(int(round(obj_units)))
+                left = time_limit_s - (time.perf_counter() - start)
+                s2 = _solver(left, workers, seed)
+                code2 = s2.Solve(m2)
+                solve_s += s2.WallTime()
+                if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                    point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
+        if not points:
+            peak = 0
+            break
+        sizes = sizes_of(tables, wus, point)
+        peak, at = peak_of(points, sizes)
+        if peak <= limit or status != "OPTIMAL" and time.perf_counter() - start >= time_limit_s:
+            if peak > limit:
+                notes.append(f"time limit reached with peak memory {peak} B above the limit {limit} B")
+            break
+        if not lm.add_memory_row(points[at], limit):
+            peak, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, peak, best))
+        hint = point
+    nvar, ncons = lm.size()
+    return Solved(point, status, obj, min(bound, obj), solve_s, nvar, ncons, len(lm.memory_rows),
+                  lm.tolerance_s(), notes, peak)
+
+
+def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.0, workers: int = 2,
+               seed: int = 0) -> tuple[int, Decoded]:
+    """The smallest peak memory of any layout (lazy rows, see module docstring) and a layout reaching it."""
+    start = time.perf_counter()
+    lm = LayoutModel(tables, wus, time_objective=False)
+    points = live_points(tables.graph)
+    peak_var = lm.model.NewIntVar(0, 2 ** 61, "peak")
+    lm.model.Minimize(peak_var)
+    best: tuple[int, Decoded] | None = None
+    # start from the point that peaks for the fully replicated layout and a greedy layout
+    seeds = [Decoded({}, {}, []), greedy(tables, wus)]
+    rows = set()
+    for p in seeds:
+        rows.add(peak_of(points, sizes_of(tables, wus, p))[1])
+    for r in rows:
+        vars_, coefs, const = lm.memory_expr(points[r])
+        lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var)
+    while True:
+        left = time_limit_s - (time.perf_counter() - start)
+        solver = _solver(left, workers, seed)
+        code = solver.Solve(lm.model)
+        if _status(code, lm.model) not in ("OPTIMAL", "FEASIBLE"):
+            break
+        point = lm.decode(solver.BooleanValue)
+        peak, at = peak_of(points, sizes_of(tables, wus, point))
+        if best is None or peak < best[0]:
+            best = (peak, point)
+        if peak <= solver.ObjectiveValue() or code != cp_model.OPTIMAL or at in rows or left <= 0:
+            break
+        rows.add(at)
+        vars_, coefs, const = lm.memory_expr(points[at])
+        lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var)
+    if best is None:
+        p = seeds[1]
+        best = (peak_of(points, sizes_of(tables, wus, p))[0], p)
+    return best
+
+
+def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded) -> str:
+    from autolayout.search.api import _layout_of  # local: api imports this module
+
+    gib = 2 ** 30
+    lay = _layout_of(tables, point)
+    return (f"memory_limit {limit / gib:.4g} GiB ({int(limit)} B) per device is below the smallest peak "
+            f"memory any layout of graph {tables.graph.name!r} reaches on mesh {tables.mesh}: "
+            f"{peak / gib:.4g} GiB ({peak} B), with layout {str(lay) or '(replicated)'!r}. Raise "
+            f"memory_limit to at least {peak} B, use more devices, or shrink the model or batch.")

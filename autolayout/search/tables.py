@@ -1,0 +1,172 @@
+"""Cost tables of the search: time per (dim group, assignment), bytes per tensor, symmetry.
+
+Every number here comes from the cost model itself (``costmodel.rules.op_cost``
+and ``costmodel.memory.tensor_bytes``), evaluated on the restriction of a
+layout to the dims an op reads — which is all ``op_cost`` reads.
+
+**Dim groups.** The DESIGN's one-hot ``y[c, a]`` per signature class ``c`` is
+kept per *dim group* instead: all classes whose (non-loop) dims are the same
+set ``D`` share one one-hot over the valid assignments ``a`` of ``D``, with
+coefficient ``Σ_{c: dims(c) = D} k_c · time(c, a)``. Since ``y[D, ·]`` is
+determined by the ``x[d, m]`` of ``D`` (the linking constraints), merging the
+classes is exact and shrinks the model: GPT-3's 264 classes have 26 dim sets
+(and model.py folds groups further into the maximal ones).
+
+**Symmetry.** Mesh axes with the same size and the same link
+(``hardware.link_for``) are interchangeable: permuting them maps layouts to
+layouts of identical time and memory (collectives over several axes phase
+through identical ``(size, link)`` groups whatever the order). Costs are
+therefore computed once per orbit (:meth:`Tables.orbit_key`), and the model
+orders the columns ``x[·, m]`` of interchangeable axes lexicographically.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autolayout.core import Mesh
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.memory import tensor_bytes
+from autolayout.costmodel.rules import OpCost, op_cost
+from autolayout.graph import Graph, Op, Tensor
+from autolayout.search.space import Assignment, Space
+
+__all__ = ["Group", "Tables"]
+
+
+@dataclass
+class Group:
+    """The one-hot over the valid assignments of one set of dims."""
+
+    dims: tuple[str, ...]
+    assignments: list[Assignment]
+    index: dict[Assignment, int]
+    time: np.ndarray  # seconds per step, Σ_c k_c · op_cost(c, a).time_s, per assignment
+    classes: list = field(default_factory=list)  # (representative op, count)
+
+    def axes_of(self, i: int) -> dict[str, tuple[str, ...]]:
+        return {d: ax for d, ax in zip(self.dims, self.assignments[i]) if ax}
+
+
+class _FastMesh(Mesh):
+    """The same mesh with a dict lookup for ``axis_size`` (``op_cost`` calls it a lot)."""
+
+    def __init__(self, axes) -> None:
+        super().__init__(axes)
+        object.__setattr__(self, "_size", dict(self.axes))
+
+    def axis_size(self, name: str) -> int:
+        size = self._size.get(name)
+        return size if size is not None else super().axis_size(name)
+
+
+class Tables:
+    """Costs of ``graph`` on ``mesh`` under ``hw``, per dim group and assignment."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware) -> None:
+        self.graph, self.mesh, self.hw = graph, mesh, hw
+        self.fast_mesh = _FastMesh(mesh.axes)
+        self.space = Space(graph, mesh)
+        # interchangeable axes: same size, same link
+        buckets: dict[tuple, list[str]] = defaultdict(list)
+        for a in self.space.axes:
+            buckets[(mesh.axis_size(a), hw.link_for(a))].append(a)
+        self.symmetric: list[tuple[str, ...]] = [tuple(v) for v in buckets.values()]
+        self._op_cache: dict[tuple, OpCost] = {}
+        self._sig: dict[str, tuple] = {}
+        self._tdims: dict[str, tuple[str, ...]] = {}
+        self.rank = {n: i for i, n in enumerate(graph.order)}
+        self.op_cost_calls = 0
+        self.groups: dict[tuple[str, ...], Group] = {}
+        self._tensor_bytes: dict[tuple, np.ndarray] = {}
+        for c in graph.signature_classes():
+            op = graph.op(c.ops[0])
+            g = self.group(self.space.order(d.name for d in op.dims))
+            g.classes.append((op, c.count))
+        for g in self.groups.values():
+            if g.classes:
+                keys = [self.orbit_key(g.dims, a) for a in g.assignments]
+                g.time = np.zeros(len(keys))
+                for op, k in g.classes:
+                    sig = self._signature(op)
+                    seen: dict[tuple, float] = {}
+                    for i, (key, a) in enumerate(zip(keys, g.assignments)):
+                        t = seen.get(key)
+                        if t is None:
+                            t = seen[key] = self._cost(op, sig, key, g.dims, a).time_s
+                        g.time[i] += k * t
+
+    # -- groups -----------------------------------------------------------------------
+    def group(self, dims: tuple[str, ...]) -> Group:
+        """The group of ``dims`` (canonical order), created on first use."""
+        g = self.groups.get(dims)
+        if g is None:
+            assigns = self.space.assignments(dims)
+            g = Group(dims, assigns, {a: i for i, a in enumerate(assigns)}, np.zeros(len(assigns)))
+            self.groups[dims] = g
+        return g
+
+    def orbit_key(self, dims: tuple[str, ...], a: Assignment) -> tuple:
+        """Equal for assignments that differ by a permutation of interchangeable axes."""
+        return tuple(tuple(sorted(tuple(i for i, ax in enumerate(a) if m in ax) for m in sym))
+                     for sym in self.symmetric)
+
+    def _signature(self, op: Op) -> tuple:
+        hit = self._sig.get(op.name)
+        if hit is None:
+            hit = self._sig[op.name] = (op.signature(), self.space.order(d.name for d in op.dims))
+        return hit
+
+    def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
+        hit = self._op_cache.get((sig[0], key))
+        if hit is None:
+            self.op_cost_calls += 1
+            hit = self._op_cache[sig[0], key] = op_cost(op, {d: ax for d, ax in zip(dims, a) if ax},
+                                                        self.fast_mesh, self.hw)
+        return hit
+
+    def op_cost(self, op: Op, dims: tuple[str, ...], a: Assignment) -> OpCost:
+        """``rules.op_cost`` of ``op`` under assignment ``a`` of ``dims`` (⊇ the op's dims), cached per orbit."""
+        sig = self._signature(op)
+        mine = sig[1]
+        sub = tuple(ax for d, ax in zip(dims, a) if d in mine) if mine != dims else a
+        return self._cost(op, sig, self.orbit_key(mine, sub), mine, sub)
+
+    # -- memory -------------------------------------------------------------------------
+    def tensor_dims(self, t: Tensor) -> tuple[str, ...]:
+        hit = self._tdims.get(t.name)
+        if hit is None:
+            hit = self._tdims[t.name] = self.space.order(t.dim_names)
+        return hit
+
+    def tensor_bytes(self, t: Tensor, shrink: int = 1) -> np.ndarray:
+        """Local bytes ``t`` takes in memory (as ``costmodel.memory.peak_memory`` counts them)
+        for each assignment of its group: ``ceil(tensor_bytes / shrink)`` if the tensor is
+        materialised, 0 if it is an elementwise intermediate fused into its consumers."""
+        dims = self.tensor_dims(t)
+        op = self.graph.op(t.name)
+        materialised = not op.hbm or op.hbm[-1]
+        key = (tuple((d.name, d.size) for d in t.shape), t.itemsize, shrink, materialised)
+        hit = self._tensor_bytes.get(key)
+        if hit is None:
+            g = self.group(dims)
+            hit = np.array([-(-tensor_bytes(t, g.axes_of(i), self.fast_mesh) // shrink) if materialised else 0
+                            for i in range(len(g.assignments))], dtype=np.int64)
+            self._tensor_bytes[key] = hit
+        return hit
+
+    def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:
+        """Index in ``dims``' group of the restriction of a full ``axes_of``."""
+        return self.group(dims).index[tuple(axes_of.get(d, ()) for d in dims)]
+
+
+def mesh_order(mesh: Mesh, axes) -> tuple[str, ...]:
+    s = set(axes)
+    return tuple(a for a in mesh.axis_names if a in s)
+
+
+def prod_axes(mesh: Mesh, axes) -> int:
+    return math.prod(mesh.axis_size(a) for a in axes)

@@ -1,0 +1,305 @@
+"""Layout search (DESIGN §5): exact w.r.t. the cost model, checked against exhaustive enumeration.
+
+Graphs are traced once per module; enumerations stay small (few dims or small
+meshes). The oracle times every valid layout with ``rules.op_cost`` per
+signature class (what ``predict`` sums when no weight update is sharded) and
+confirms its best with ``predict`` itself.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import pytest
+
+from autolayout import models
+from autolayout.core import Layout, LayoutError, Mesh
+from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.predict import predict
+from autolayout.costmodel.rules import check_op, op_cost
+from autolayout.search import SearchError, SearchResult, enumerate_layouts, layout, mesh_shapes, search
+from autolayout.search.liveness import live_points, peak_of
+from autolayout.search.model import Decoded
+from autolayout.search.solver import sizes_of
+from autolayout.search.tables import Tables
+from autolayout.search.wus import wus_options
+
+INF = math.inf
+
+# --------------------------------------------------------------------------- graphs
+_GRAPHS: dict = {}
+
+
+def graph(name: str):
+    """Zoo graphs at sizes where layouts matter but enumerations stay small (cached)."""
+    if name not in _GRAPHS:
+        _GRAPHS[name] = {
+            "mlp": lambda: models.mlp(batch=8192, d_io=4096, d_hidden=16384),
+            "mlp_dp": lambda: models.mlp(batch=65536, d_io=1024, d_hidden=1024),
+            "mlp_mp": lambda: models.mlp(batch=64, d_io=1024, d_hidden=65536),
+            "mlp_tiny": lambda: models.mlp(batch=8, d_io=4, d_hidden=8),
+            "moe": lambda: models.moe(d_model=1024, d_ff=4096, experts=8, capacity=64, batch=32, length=256),
+            "transformer": lambda: models.transformer_lm(d_model=1024, d_ff=4096, heads=16, d_kv=64,
+                                                         n_layers=2, vocab=32768, batch=64, length=256),
+        }[name]()
+    return _GRAPHS[name]
+
+
+def oracle(g, mesh, hw, memory_limit=INF):
+    """Best (time, layout) over enumerate_layouts, without weight-update sharding."""
+    mesh, hw = Mesh.parse(mesh), get_hardware(hw)
+    classes = [(g.op(c.ops[0]), c.count) for c in g.signature_classes()]
+    cache: dict = {}
+    scored = []
+    for lay in enumerate_layouts(g, mesh):
+        axes_of = dict(lay.rules)
+        total = 0.0
+        for op, k in classes:
+            key = (id(op), tuple(axes_of.get(d.name, ()) for d in op.dims))
+            if key not in cache:
+                cache[key] = op_cost(op, axes_of, mesh, hw).time_s
+            total += cache[key] * k
+        scored.append((total, str(lay), lay))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    if math.isinf(memory_limit):
+        best = scored[0]
+        assert predict(g, mesh, best[2], hw).time_s == pytest.approx(best[0], rel=1e-12)
+        return best[0], best[2]
+    for total, _, lay in scored:  # fastest layout that fits
+        if predict(g, mesh, lay, hw).memory_bytes <= memory_limit:
+            return total, lay
+    return None
+
+
+def assert_exact(r: SearchResult) -> None:
+    """The solver's objective is predict's time of the returned layout (within the integer scaling)."""
+    assert r.status == "OPTIMAL"
+    assert r.gap == 0.0
+    assert r.cost.time_s == pytest.approx(r.objective, rel=1e-9, abs=r.tolerance_s)
+    assert r.bound <= r.objective
+    assert r.num_variables > 0 and r.num_constraints > 0
+
+
+# ------------------------------------------------------------------- enumeration oracle
+@pytest.mark.parametrize("name, mesh", [
+    ("mlp_tiny", "all:2"), ("mlp_tiny", "rows:2,cols:2"), ("mlp_tiny", "rows:2,cols:2,planes:2"),
+    ("mlp_tiny", "rows:1,cols:2"), ("transformer", "all:2"),
+], ids=lambda v: str(v))
+def test_enumerate_layouts_is_exactly_the_valid_layouts(name, mesh):
+    g, mesh = graph(name), Mesh.parse(mesh)
+    dims = [d for d in g.dims if d not in g.loop_dims]
+    subsets = [c for r in range(len(mesh) + 1) for c in itertools.combinations(mesh.axis_names, r)]
+    brute = set()
+    for combo in itertools.product(subsets, repeat=len(dims)):
+        lay = Layout([(d, a) for d, a in zip(dims, combo) if a])
+        try:
+            lay.validate(g, mesh)
+            for op in g.ops():
+                check_op(op, lay.as_dict())
+        except LayoutError:
+            continue
+        brute.add(lay.canonical())
+    listed = [lay.canonical() for lay in enumerate_layouts(g, mesh)]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == brute
+
+
+def test_enumerate_layouts_never_splits_loop_dims():
+    g = graph("transformer")
+    assert g.loop_dims == {"layers"}
+    assert all(not lay.axes_of("layers") for lay in enumerate_layouts(g, "all:2"))
+
+
+# ------------------------------------------------------------- search == exhaustive oracle
+ORACLE_CASES = [
+    ("mlp", "all:8", "tpu-v3"), ("mlp", "rows:2,cols:4", "tpu-v3"), ("mlp", "rows:2,cols:2,planes:2", "h100"),
+    ("mlp_dp", "rows:2,cols:4", "tpu-v5e"), ("mlp_mp", "rows:2,cols:2,planes:2", "tpu-v4"),
+    ("moe", "all:8", "tpu-v3"), ("moe", "rows:2,cols:4", "h100"), ("moe", "rows:2,cols:2,planes:2", "tpu-v5e"),
+    ("transformer", "all:8", "tpu-v3"), ("transformer", "rows:2,cols:2", "h100"),
+    ("transformer", "rows:2,cols:2", "tpu-v5p"),
+]
+
+
+@pytest.mark.parametrize("name, mesh, hw", ORACLE_CASES, ids=["-".join(c) for c in ORACLE_CASES])
+def test_search_time_equals_exhaustive_minimum(name, mesh, hw):
+    g = graph(name)
+    best, best_layout = oracle(g, mesh, hw)
+    r = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    assert_exact(r)
+    assert r.cost.time_s == pytest.approx(best, rel=1e-9), (str(r.layout), str(best_layout))
+    assert not r.layout.update_sharding
+    # weight-update sharding is decided in the same model: never worse, still exact
+    rw = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=True)
+    assert_exact(rw)
+    assert rw.cost.time_s <= r.cost.time_s * (1 + 1e-12)
+
+
+def test_weight_update_sharding_is_chosen_when_it_pays():
+    g = graph("transformer")
+    r = search(g, "all:8", memory_limit=INF)
+    assert str(Layout(r.layout.rules)) == "batch:all"
+    assert dict(r.layout.update_sharding)["layers/w1"] == ("all",)
+    plain = predict(g, "all:8", "batch:all")
+    assert r.cost.time_s < plain.time_s and r.cost.memory_bytes < plain.memory_bytes
+
+
+def test_loop_dims_are_never_split():
+    r = search(graph("transformer"), "rows:2,cols:2", memory_limit=INF)
+    assert "layers" not in r.layout.as_dict()
+
+
+# -------------------------------------------------------------------- paper (§8, §9)
+@pytest.mark.parametrize("name, mesh, expected", [
+    ("mlp_dp", "all:8", "batch:all"),                  # large batch, small hidden: data-parallel
+    ("mlp_mp", "all:8", "hidden:all"),                 # small batch, large hidden: model-parallel
+    ("mlp", "rows:2,cols:4", "hidden:cols;batch:rows"),  # both large, 2-D mesh: 2-D layout
+], ids=["data-parallel", "model-parallel", "2-D"])
+def test_rediscovers_the_paper_mlp_layouts(name, mesh, expected):
+    for wus in (False, True):
+        r = search(graph(name), mesh, shard_weight_update=wus, memory_limit=INF)
+        assert Layout(r.layout.rules).canonical() == Layout(expected).canonical()
+
+
+# ------------------------------------------------------------------------------- memory
+CASES_LIVENESS = [("mlp", "rows:2,cols:4"), ("moe", "rows:2,cols:2"), ("transformer", "rows:2,cols:2")]
+
+
+@pytest.mark.parametrize("name, mesh", CASES_LIVENESS, ids=["-".join(c) for c in CASES_LIVENESS])
+def test_live_sets_reproduce_predict_memory(name, mesh):
+    g, mesh = graph(name), Mesh.parse(mesh)
+    tables = Tables(g, mesh, get_hardware("tpu-v3"))
+    wus, _ = wus_options(tables)
+    points = live_points(g)
+    layouts = list(enumerate_layouts(g, mesh))
+    for lay in layouts[:: max(1, len(layouts) // 12)]:
+        axes_of = dict(lay.rules)
+        plain = Decoded(axes_of, {}, [])
+        assert peak_of(points, sizes_of(tables, wus, plain))[0] == predict(g, mesh, lay).memory_bytes
+        # and with every weight update sharded that can be
+        active, upd = [], {}
+        for k, p in enumerate(wus):
+            i = tables.restrict(axes_of, p.dims)
+            for j, o in enumerate(p.options):
+                if o.index == i:
+                    active.append((k, j))
+                    upd[p.param] = o.axes
+        if upd:
+            point = Decoded(axes_of, upd, active)
+            lw = Layout(lay.rules, sorted(upd.items()))
+            assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes
+
+
+def test_budget_below_any_layout_raises_with_the_smallest_memory():
+    g, mesh = graph("mlp"), "rows:2,cols:2"
+    smallest = min(predict(g, mesh, lay).memory_bytes for lay in enumerate_layouts(g, mesh))
+    with pytest.raises(SearchError, match=r"below the smallest peak memory any layout .* reaches") as err:
+        search(g, mesh, memory_limit=smallest - 1, shard_weight_update=False)
+    assert f"({smallest} B)" in str(err.value)
+    stated = re.search(r"with layout '([^']*)'", str(err.value)).group(1)
+    assert predict(g, mesh, stated).memory_bytes == smallest
+    assert isinstance(err.value, ValueError)
+    # at exactly that budget a layout exists
+    assert search(g, mesh, memory_limit=smallest, shard_weight_update=False).cost.memory_bytes <= smallest
+
+
+@pytest.mark.parametrize("name, mesh, hw", [("transformer", "all:8", "tpu-v3"),
+                                            ("transformer", "rows:2,cols:2", "h100")],
+                         ids=["transformer-all:8", "transformer-2x2"])
+def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
+    g = graph(name)
+    free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    limit = free.cost.memory_bytes - 1
+    expected = oracle(g, mesh, hw, memory_limit=limit)
+    r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False)
+    assert_exact(r)
+    assert r.cost.memory_bytes <= limit
+    assert r.memory_rows >= 1
+    assert r.cost.time_s == pytest.approx(expected[0], rel=1e-9)
+    assert r.cost.time_s >= free.cost.time_s
+
+
+def test_budget_between_data_parallel_and_minimum_forces_model_parallelism():
+    g, mesh = graph("transformer"), "rows:2,cols:2"
+    dp = predict(g, mesh, "batch:rows,cols")
+    assert str(search(g, mesh, memory_limit=INF, shard_weight_update=False).layout) == "batch:rows,cols"
+    r = search(g, mesh, memory_limit=dp.memory_bytes - 1, shard_weight_update=False)
+    assert r.cost.memory_bytes < dp.memory_bytes
+    assert {"d_ff", "heads", "vocab"} <= set(r.layout.as_dict())  # Megatron-style model parallelism
+
+
+def test_budget_only_reachable_with_weight_update_sharding():
+    g, mesh = graph("transformer"), "all:8"
+    dp = predict(g, mesh, "batch:all")
+    with_wus = search(g, mesh, memory_limit=INF)
+    assert with_wus.layout.update_sharding and with_wus.cost.memory_bytes < dp.memory_bytes
+    limit = (dp.memory_bytes + with_wus.cost.memory_bytes) // 2
+    with pytest.raises(SearchError, match="smallest peak memory"):
+        search(g, mesh, memory_limit=limit, shard_weight_update=False)
+    r = search(g, mesh, memory_limit=limit)
+    assert_exact(r)
+    assert r.cost.memory_bytes <= limit and r.layout.update_sharding
+    assert str(Layout(r.layout.rules)) == "batch:all"
+
+
+def test_default_memory_limit_is_the_device_hbm():
+    g = graph("transformer")
+    hbm = get_hardware("tpu-v2").hbm_bytes
+    r = search(g, "rows:2,cols:2", hardware="tpu-v2")
+    assert r.cost.memory_bytes <= hbm
+
+
+# ------------------------------------------------------------------ API, meshes, solver
+@pytest.mark.parametrize("mesh", [
+    "rows:2,cols:4", {"rows": 2, "cols": 4}, [("rows", 2), ("cols", 4)], (2, 4), Mesh("rows:2,cols:4"),
+], ids=["string", "dict", "mtf-pairs", "sizes", "Mesh"])
+def test_every_mesh_form_gives_the_same_layout(mesh):
+    lay = layout(graph("mlp"), mesh, memory_limit=INF)
+    assert isinstance(lay, Layout)
+    assert str(lay) == "hidden:cols;batch:rows|bias:rows;v:rows;w:rows"
+
+
+@pytest.mark.parametrize("n, max_axes, expected", [
+    (8, 3, ["all:8", "rows:4,cols:2", "rows:2,cols:2,planes:2"]),
+    (12, 2, ["all:12", "rows:6,cols:2", "rows:4,cols:3"]),
+    (7, 3, ["all:7"]),
+    (1, 3, ["all:1"]),
+], ids=["8", "12-two-axes", "prime", "one"])
+def test_mesh_shapes(n, max_axes, expected):
+    assert [str(m) for m in mesh_shapes(n, max_axes)] == expected
+
+
+def test_mesh_shape_search_returns_the_best_mesh():
+    g = graph("mlp")
+    r = search(g, num_devices=8, memory_limit=INF)
+    assert [str(m) for m, _ in r.meshes] == [str(m) for m in mesh_shapes(8)]
+    assert r.cost.time_s == min(t for _, t in r.meshes)
+    single = search(g, r.mesh, memory_limit=INF)
+    assert str(single.layout) == str(r.layout) and r.mesh == single.mesh
+
+
+def test_same_inputs_give_the_same_layout():
+    g = graph("moe")
+    runs = {str(search(g, "rows:2,cols:2,planes:2", memory_limit=INF, random_seed=s).layout) for s in (0, 1, 7)}
+    assert len(runs) == 1
+
+
+def test_time_out_returns_a_layout_not_an_exception():
+    g = graph("transformer")
+    r = search(g, "rows:2,cols:2", memory_limit=INF, time_limit_s=1e-4)
+    assert r.status in ("OPTIMAL", "FEASIBLE")
+    assert r.bound <= r.objective + r.tolerance_s and 0.0 <= r.gap
+    exact = search(g, "rows:2,cols:2", memory_limit=INF)
+    assert r.cost.time_s >= exact.cost.time_s * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({}, LayoutError, "needs a mesh_shape"),
+    ({"mesh_shape": "rows:2,cols:4", "num_devices": 4}, LayoutError, "not num_devices=4"),
+    ({"mesh_shape": "all:8", "memory_limit": 0}, SearchError, "positive number of bytes"),
+    ({"mesh_shape": "rows:2;cols:4"}, LayoutError, "cannot read mesh axis"),
+    ({"num_devices": 0}, LayoutError, "positive integer"),
+], ids=["no-mesh", "mesh-vs-num-devices", "zero-memory", "bad-mesh", "zero-devices"])
+def test_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        search(graph("mlp_tiny"), **kwargs)
