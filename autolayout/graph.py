@@ -250,6 +250,8 @@ class Graph:
         self.outputs = tuple(outputs)
         self.out_tree = out_tree
         self.loops: dict[str, Loop] = {lp.name: lp for lp in loops}
+        # output tensor -> donated input tensor whose buffer it reuses (set by trace)
+        self.donated: dict[str, str] = {}
         self.loop_dims: frozenset[str] = frozenset(lp.dim for lp in loops if lp.dim)
         dims: dict[str, int] = {}
         for op in ops:

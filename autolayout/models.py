@@ -71,7 +71,7 @@ def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "
 
     args = (params, {"x": _sds((batch, d_io), dtype), "dy": _sds((batch, d_io), dtype)})
     dims, roles = (pdims, {"x": "batch io", "dy": "batch io"}), ("param", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="mlp")
+    g = trace(step, *args, dims=dims, roles=roles, name="mlp", donate_argnums=(0,))
     return _finish(g, step, args, dims, roles)
 
 
@@ -91,14 +91,17 @@ def jax_rsqrt(x: Any) -> Any:
 
 def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: int, vocab: int,
                    batch: int, length: int, train: bool = True, dtype: Any = "float32",
-                   optimizer: str = "adam", learning_rate: float = 1e-3) -> Graph:
+                   optimizer: str = "adam", learning_rate: float = 1e-3, remat: bool = False) -> Graph:
     """The paper's §9 decoder-only language model, one training step with Adam.
 
     Untied input embedding and output softmax, learned positions, pre-norm layer
     norm, causal multi-head self-attention and a ReLU feed-forward layer, layers
     stacked and run with ``lax.scan`` (graph size independent of depth). Dims:
     ``batch``, ``length``, ``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``,
-    ``layers`` and the attention memory length ``length_1``.
+    ``layers`` and the attention memory length ``length_1``. ``remat=True`` wraps each
+    layer in ``jax.checkpoint`` (activation rematerialisation, as GPT-3-scale training
+    does): the backward pass recomputes the layer, which the traced graph contains
+    explicitly, so the cost model sees both the extra compute and the smaller memory.
 
     Example::
 
@@ -125,7 +128,7 @@ def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: 
 
     def forward(params: dict, tokens: Any) -> Any:
         x = jnp.take(params["embed"], tokens, axis=0) + params["pos"]
-        x, _ = jax.lax.scan(block, x, params["layers"])
+        x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x, params["layers"])
         x = _layer_norm(x, params["ln_f_scale"], params["ln_f_bias"])
         return jnp.einsum("bld,dv->blv", x, params["softmax"])
 
@@ -164,7 +167,7 @@ def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: 
     step = train_step(loss_fn, optimizer, learning_rate)
     args = (params, init_opt_state(optimizer, params), batch_spec)
     dims, roles = (pdims, None, bdims), ("param", "opt_state", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="transformer_lm")
+    g = trace(step, *args, dims=dims, roles=roles, name="transformer_lm", donate_argnums=(0, 1))
     return _finish(g, step, args, dims, roles)
 
 
@@ -225,7 +228,7 @@ def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, len
     args = (params, {"x": x, "dy": x})
     dims = (pdims, {"x": "batch length d_model", "dy": "batch length d_model"})
     roles = ("param", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="moe")
+    g = trace(step, *args, dims=dims, roles=roles, name="moe", donate_argnums=(0,))
     return _finish(g, step, args, dims, roles)
 
 

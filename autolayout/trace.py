@@ -736,7 +736,7 @@ def _path_str(path: Sequence[Any]) -> str:
 
 
 def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
-          name: str | None = None) -> Graph:
+          name: str | None = None, donate_argnums: Sequence[int] = ()) -> Graph:
     """Trace ``fn(*args)`` into a named-dimension :class:`Graph`.
 
     ``args`` may hold arrays or ``jax.ShapeDtypeStruct`` s (nothing is allocated).
@@ -744,6 +744,10 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     per axis: ``"batch length d_model"`` or ``("batch", "length", "d_model")``;
     ``"_"`` or ``None`` for one axis leaves it to inference.
     ``roles`` mirrors ``args`` likewise with ``"input" | "param" | "opt_state"``.
+    ``donate_argnums`` (as for ``jax.jit``): arguments whose buffers the outputs reuse —
+    an output leaf at the same position and path as a leaf of a donated argument (e.g.
+    the new ``params`` of ``(params, opt_state, batch) -> (params, opt_state, loss)``)
+    takes that input's memory once the input is last read (``graph.donated``).
 
     Example::
 
@@ -800,8 +804,35 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         in_roles.append(role)
     outs = tr.run(closed.jaxpr, closed.consts, in_vals, (None, 1))
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
-    return _build(tr, in_vals, in_names, outs, closed.jaxpr.outvars, in_tree_of(args), out_tree,
-                  name or getattr(fn, "__name__", "graph"))
+    g = _build(tr, in_vals, in_names, outs, closed.jaxpr.outvars, in_tree_of(args), out_tree,
+               name or getattr(fn, "__name__", "graph"))
+    g.donated = _donations(g, flat, in_names, out_tree, donate_argnums)
+    return g
+
+
+def _donations(g: Graph, flat: list, in_names: list, out_tree: Any, donate: Sequence[int]) -> dict:
+    """Output tensor -> the donated input tensor whose buffer it reuses (same position,
+    path, shape and dtype)."""
+    import jax
+
+    if not donate:
+        return {}
+    by_path = {}
+    for (path, _), name in zip(flat, in_names):
+        if path and getattr(path[0], "idx", None) in set(donate):
+            by_path[tuple(str(k) for k in path)] = name
+    out_paths = jax.tree_util.tree_flatten_with_path(
+        jax.tree_util.tree_unflatten(out_tree, list(range(out_tree.num_leaves))))[0]
+    donated = {}
+    for (path, _), spec in zip(out_paths, g.outputs):
+        src = by_path.get(tuple(str(k) for k in path))
+        if src is None or spec.tensor is None or spec.tensor in donated or spec.tensor == src:
+            continue
+        a, b = g.tensor(spec.tensor), g.tensor(src)
+        if set(a.dim_names) == set(b.dim_names) and a.dtype == b.dtype and g.op(spec.tensor).kind not in (
+                "input", "param", "opt_state"):
+            donated[spec.tensor] = src
+    return donated
 
 
 def in_tree_of(args: Any) -> Any:

@@ -209,6 +209,16 @@ def test_budget_below_any_layout_raises_with_the_smallest_memory():
 def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
     g = graph(name)
     free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    mems = sorted({predict(g, mesh, lay, hw).memory_bytes for lay in enumerate_layouts(g, Mesh.parse(mesh))})
+    if free.cost.memory_bytes == mems[0]:
+        # the fastest layout is also the leanest (donated buffers can make data-parallel so):
+        # any smaller budget is infeasible, and the minimum itself gives that layout back
+        with pytest.raises(SearchError, match="below the smallest peak memory"):
+            search(g, mesh, hardware=hw, memory_limit=mems[0] - 1, shard_weight_update=False)
+        r = search(g, mesh, hardware=hw, memory_limit=mems[0], shard_weight_update=False)
+        assert_exact(r)
+        assert r.layout == free.layout
+        return
     limit = free.cost.memory_bytes - 1
     expected = oracle(g, mesh, hw, memory_limit=limit)
     r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False)

@@ -2,7 +2,9 @@
 
 Every materialised tensor counts at its local (sharded) size; elementwise
 intermediates fused into their consumers (``Op.hbm``) take none. Arguments (inputs, parameters,
-optimizer state) are live for the whole step, as the caller holds them; outputs
+optimizer state) are live for the whole step, as the caller holds them, except
+donated ones (``graph.donated``, as ``jax.jit(donate_argnums=...)``), freed at
+their last read because an output reuses the buffer; outputs
 from their producer to the end; every other tensor from its producer to its last
 consumer. A scan is one step of the schedule: its stacked outputs are live
 throughout it, and its body adds the peak of one iteration's own tensors (an
@@ -36,14 +38,9 @@ def _category(t: Tensor) -> str:
     return "activations"
 
 
-def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
-                shrink: Mapping[str, int] | None = None) -> tuple[int, dict]:
-    """``(peak bytes, breakdown at the peak)``; ``shrink[name]`` divides a tensor's bytes
-    (weight-update-sharded optimizer state and update temporaries)."""
-    shrink = shrink or {}
-    # fused (never materialised) elementwise intermediates take no memory
-    size = {op.name: (-(-tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1))
-                      if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
+def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
+    """Schedule units and, for every top-level tensor, the units it is allocated and
+    last live at (scan bodies are handled by :func:`body_lifetimes`)."""
     units = graph._schedule()
     unit_of: dict[str, int] = {}
     for i, u in enumerate(units):
@@ -59,17 +56,48 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
                 unit_of[n] = min(unit_of[n], i)
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
-    body_of = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    alloc, free = {}, {}
+    body_of = {n for lp in graph.loops.values() for n in lp.body}
+    donors = set(getattr(graph, "donated", {}).values())
+    alloc: dict[str, int] = {}
+    free: dict[str, int] = {}
     for t in graph.tensors():
-        if body_of.get(t.name):
+        if t.name in body_of:
             continue
+        users = [unit_of[c] for c in graph.consumers(t.name)]
         if t.role in ("input", "param", "opt_state"):
-            alloc[t.name], free[t.name] = 0, end
+            alloc[t.name] = 0
+            # a donated argument's buffer is reused by an output after its last read
+            free[t.name] = max(users, default=0) if t.name in donors else end
             continue
         alloc[t.name] = unit_of[t.name]
-        users = [unit_of[c] for c in graph.consumers(t.name)]
         free[t.name] = end if t.name in outputs else max(users, default=alloc[t.name])
+    return units, alloc, free
+
+
+def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
+    """Position in the body and last live position of each body tensor (carried values
+    and values read outside the body live for the whole iteration)."""
+    order = {n: i for i, n in enumerate(lp.body)}
+    end = len(lp.body)
+    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
+    last = {}
+    for n in lp.body:
+        users = [order[c] for c in graph.consumers(n) if c in order]
+        outside = any(c not in order for c in graph.consumers(n))
+        last[n] = end if (n in carried or outside) else max(users, default=order[n])
+    return order, last
+
+
+def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
+                shrink: Mapping[str, int] | None = None) -> tuple[int, dict]:
+    """``(peak bytes, breakdown at the peak)``; ``shrink[name]`` divides a tensor's bytes
+    (weight-update-sharded optimizer state and update temporaries)."""
+    shrink = shrink or {}
+    # fused (never materialised) elementwise intermediates take no memory
+    size = {op.name: (-(-tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1))
+                      if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
+    units, alloc, free = lifetimes(graph)
+    end = len(units)
     # sweep: +size at allocation, -size after the last use
     delta = [0] * (end + 2)
     for n in alloc:
@@ -94,14 +122,8 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int]) -> tuple[int, list]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration)."""
-    order = {n: i for i, n in enumerate(lp.body)}
+    order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
-    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
-    last = {}
-    for n in lp.body:
-        users = [order[c] for c in graph.consumers(n) if c in order]
-        outside = any(c not in order for c in graph.consumers(n))
-        last[n] = end if (n in carried or outside) else max(users, default=order[n])
     delta = [0] * (end + 2)
     for n in lp.body:
         delta[order[n]] += size[n]

@@ -1,4 +1,4 @@
-"""Live sets per schedule point, mirroring ``costmodel/memory.py`` exactly.
+"""Live sets per schedule point, from ``costmodel/memory.py``'s lifetimes.
 
 ``costmodel.memory.peak_memory`` returns ``max`` over schedule points of the
 local bytes live there. For the search that maximum must be a set of *linear*
@@ -6,9 +6,9 @@ constraints (one per point: Σ live bytes ≤ limit), so this module lists each
 point's live tensors instead of summing them. Points:
 
 * a top-level unit ``i`` (op or whole scan) of ``graph._schedule()``: every
-  top-level tensor with ``alloc <= i <= free`` (arguments live throughout,
-  outputs to the end, others to their last consumer; a scan's stacked outputs
-  and final carries from the scan's start);
+  top-level tensor with ``alloc <= i <= free`` (``memory.lifetimes``: arguments
+  live throughout unless donated, outputs to the end, others to their last
+  consumer; a scan's stacked outputs and final carries from the scan's start);
 * inside a scan at unit ``i``: one point per body position ``j`` — the
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autolayout.costmodel.memory import body_lifetimes, lifetimes
 from autolayout.graph import Graph, Loop
 
 __all__ = ["live_points", "peak_of"]
@@ -27,32 +28,7 @@ __all__ = ["live_points", "peak_of"]
 
 def live_points(graph: Graph) -> list[tuple[str, ...]]:
     """Distinct live sets (tensor names in graph order), one per schedule point, in schedule order."""
-    units = graph._schedule()
-    unit_of: dict[str, int] = {}
-    for i, u in enumerate(units):
-        if isinstance(u, Loop):
-            for n in u.body:
-                unit_of[n] = i
-        else:
-            unit_of[u] = i
-    for i, u in enumerate(units):
-        if isinstance(u, Loop):
-            for n in (*u.stacks, *(r for r, _ in u.results)):
-                unit_of[n] = min(unit_of[n], i)
-    end = len(units)
-    outputs = {s.tensor for s in graph.outputs if s.tensor}
-    body_of = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    alloc: dict[str, int] = {}
-    free: dict[str, int] = {}
-    for t in graph.tensors():
-        if body_of.get(t.name):
-            continue
-        if t.role in ("input", "param", "opt_state"):
-            alloc[t.name], free[t.name] = 0, end
-            continue
-        alloc[t.name] = unit_of[t.name]
-        users = [unit_of[c] for c in graph.consumers(t.name)]
-        free[t.name] = end if t.name in outputs else max(users, default=alloc[t.name])
+    units, alloc, free = lifetimes(graph)
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
@@ -74,15 +50,8 @@ def live_points(graph: Graph) -> list[tuple[str, ...]]:
 
 
 def _body_live_sets(graph: Graph, lp: Loop) -> list[list[str]]:
-    order = {n: i for i, n in enumerate(lp.body)}
-    end = len(lp.body)
-    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
-    last = {}
-    for n in lp.body:
-        users = [order[c] for c in graph.consumers(n) if c in order]
-        outside = any(c not in order for c in graph.consumers(n))
-        last[n] = end if (n in carried or outside) else max(users, default=order[n])
-    return [[n for n in lp.body if order[n] <= i <= last[n]] for i in range(end)]
+    order, last = body_lifetimes(graph, lp)
+    return [[n for n in lp.body if order[n] <= i <= last[n]] for i in range(len(lp.body))]
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
