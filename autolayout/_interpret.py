@@ -1,0 +1,325 @@
+"""Pass 1 of the tracer: one rule per JAX primitive (see :mod:`autolayout.trace`)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from autolayout._unify import TraceError, _binder, _Core, _Pending, _reshape_groups, _shapes, _Val
+
+ELEMENTWISE = frozenset("""
+abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
+cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le lgamma
+digamma log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem
+round rsqrt select_n sign sin sinh sqrt square sub tan tanh xor
+""".split())
+ALIASES = frozenset(["stop_gradient", "copy", "copy_p", "name", "optimization_barrier"])
+REDUCE = {"reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod", "reduce_and": "and",
+          "reduce_or": "or", "argmax": "argmax", "argmin": "argmin"}
+CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+         "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
+         "custom_vjp_call_jaxpr": "fun_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
+         "remat": "jaxpr"}
+
+
+class _Tracer(_Core):
+    """Interprets a jaxpr equation by equation into pending named ops."""
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
+        env: dict[Any, _Val] = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.constant(c, ctx)
+        for var, v in zip(jaxpr.invars, in_vals):
+            env[var] = v
+        for eqn in jaxpr.eqns:
+            ins = [self.read(env, x, ctx) for x in eqn.invars]
+            outs = self.eqn(eqn, ins, ctx)
+            for var, v in zip(eqn.outvars, outs):
+                env[var] = v
+        return [self.read(env, x, ctx) for x in jaxpr.outvars]
+
+    def read(self, env: dict, x: Any, ctx: tuple) -> _Val:
+        from jax._src.core import Literal
+        if isinstance(x, Literal):
+            aval = x.aval
+            return self.literal(np.asarray(x.val), aval.shape, aval.dtype, ctx)
+        return env[x]
+
+    def constant(self, value: Any, ctx: tuple) -> _Val:
+        arr = np.asarray(value)
+        if arr.size and np.all(arr == arr.flat[0]) and arr.ndim == 0:
+            return self.literal(arr, arr.shape, arr.dtype, ctx)
+        v = self.new_val(arr.shape, arr.dtype, ctx=ctx)
+        self.add(_Pending("constant", "value", "const", v, [], [], lambda: arr, ctx[0], ctx[1], ""))
+        return v
+
+    def eqn(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
+        prim = eqn.primitive.name
+        params = dict(eqn.params)
+        if prim in CALLS:
+            sub = params[CALLS[prim]]
+            self.sites.append(self.source(eqn))
+            try:
+                if hasattr(sub, "jaxpr"):
+                    return self.run(sub.jaxpr, sub.consts, ins, ctx)
+                return self.run(sub, (), ins, ctx)
+            finally:
+                self.sites.pop()
+        if prim == "scan":
+            return self.scan(eqn, ins, ctx)
+        if len(eqn.outvars) != 1:
+            raise self.unsupported(eqn, "it has several outputs")
+        aval = eqn.outvars[0].aval
+        if prim in ELEMENTWISE:
+            return [self.elementwise(eqn, ins, aval, ctx)]
+        if prim in ALIASES:
+            if prim == "name":
+                self.apply_name(ins[0], params["name"], eqn)
+            return [ins[0]]
+        if prim == "transpose":
+            out = self.view(ins[0], aval, ctx)
+            self.bind(ins[0], [(p, out.slots[i]) for i, p in enumerate(params["permutation"])], eqn, ctx)
+            return [out]
+        if prim in ("squeeze", "expand_dims", "reshape"):
+            return [self.reshape(eqn, ins[0], aval, ctx)]
+        if prim == "broadcast_in_dim":
+            out = self.view(ins[0], aval, ctx)
+            self.bind(ins[0], [(i, out.slots[d]) for i, d in enumerate(params["broadcast_dimensions"])],
+                      eqn, ctx)
+            return [out]
+        if prim == "dot_general":
+            return [self.dot_general(eqn, ins, aval, ctx)]
+        if prim == "reduce_sum" or prim in REDUCE:
+            return [self.reduce(eqn, ins[0], aval, ctx)]
+        if prim == "iota":
+            out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+            self.add(_Pending("constant", "iota", "iota", out, [], [], _binder(eqn), ctx[0], ctx[1],
+                              self.source(eqn)))
+            return [out]
+        if prim == "gather":
+            return [self.gather(eqn, ins, aval, ctx)]
+        if prim in ("scatter-add", "scatter_add"):
+            return [self.scatter_add(eqn, ins, aval, ctx)]
+        raise self.unsupported(eqn, "autolayout has no named-dimension rule for it")
+
+    def unsupported(self, eqn: Any, why: str) -> TraceError:
+        return TraceError(
+            f"unsupported primitive `{eqn.primitive.name}` with inputs ({_shapes(eqn)}) at "
+            f"{self.source(eqn) or 'unknown source'}: {why}. Rewrite this step with einsum, elementwise, "
+            f"reduction, reshape, gather or scan operations, or wrap it outside the traced function.")
+
+    def view(self, val: _Val, aval: Any, ctx: tuple) -> _Val:
+        """A value that views ``val``'s data with another positional shape (alias/broadcast)."""
+        if val.root is None:
+            return self.literal(val.literal, aval.shape, aval.dtype, ctx)
+        out = self.new_val(aval.shape, aval.dtype, root=val.root, ctx=ctx)
+        return out
+
+    def elementwise(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
+        if all(v.root is None for v in ins):
+            value = eqn.primitive.bind(*[np.asarray(v.literal) for v in ins], **eqn.params)
+            return self.literal(np.asarray(value), aval.shape, aval.dtype, ctx)
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        operands = []
+        for v in ins:
+            if v.root is not None and len(v.shape) == len(aval.shape):
+                v = self.bind(v, [(i, out.slots[i]) for i in range(len(v.shape))], eqn, ctx)
+            operands.append(v)
+        named = []
+        for v in operands:
+            if v.root is not None and v.root not in named:
+                named.append(v.root)
+        self.add(_Pending("elementwise", eqn.primitive.name, eqn.primitive.name, out, operands,
+                          named, _binder(eqn), ctx[0], ctx[1], self.source(eqn)))
+        return out
+
+    def reshape(self, eqn: Any, x: _Val, aval: Any, ctx: tuple) -> _Val:
+        groups = _reshape_groups(x.shape, tuple(aval.shape))
+        if groups is None:
+            raise self.unsupported(eqn, f"reshape {x.shape} -> {tuple(aval.shape)} mixes axes")
+        simple = all(len([a for a in gi if x.shape[a] != 1]) <= 1 and
+                     len([b for b in go if aval.shape[b] != 1]) <= 1 for gi, go in groups)
+        if simple:
+            out = self.view(x, aval, ctx)
+            pairs = []
+            for gi, go in groups:
+                a = [i for i in gi if x.shape[i] != 1]
+                b = [j for j in go if aval.shape[j] != 1]
+                if a and b:
+                    pairs.append((a[0], out.slots[b[0]]))
+            self.bind(x, pairs, eqn, ctx)
+            return out
+        src = self.node_of(x, ctx)
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        pairs = []
+        for gi, go in groups:
+            a = [i for i in gi if x.shape[i] != 1]
+            b = [j for j in go if aval.shape[j] != 1]
+            if len(a) == 1 and len(b) == 1:
+                pairs.append((a[0], out.slots[b[0]]))
+        self.bind(x, pairs, eqn, ctx)
+        p = _Pending("reshape", "reshape", "reshape", out, [x], [src], _binder(eqn), ctx[0], ctx[1],
+                     self.source(eqn))
+        p.groups = [([x.slots[i] for i in gi if x.slots[i] is not None],
+                     [out.slots[j] for j in go if out.slots[j] is not None]) for gi, go in groups]
+        n_in = sum(1 for g in p.groups if len(g[0]) > 1)
+        n_out = sum(1 for g in p.groups if len(g[1]) > 1)
+        p.fn = "merge" if n_in and not n_out else "split" if n_out and not n_in else "reshape"
+        self.add(p)
+        return out
+
+    def dot_general(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        lhs, rhs = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        lfree = [i for i in range(len(lhs.shape)) if i not in lc and i not in lb]
+        rfree = [i for i in range(len(rhs.shape)) if i not in rc and i not in rb]
+        nb = len(lb)
+        lout = [(a, out.slots[k]) for k, a in enumerate(lb)] + \
+            [(a, out.slots[nb + k]) for k, a in enumerate(lfree)]
+        rout = [(a, out.slots[k]) for k, a in enumerate(rb)] + \
+            [(a, out.slots[nb + len(lfree) + k]) for k, a in enumerate(rfree)]
+        # Bind the larger operand first so that a cannot-link conflict renames the
+        # smaller one (attention renames k and v, not the scores).
+        contract = list(zip(lc, rc))
+        pl = [(lhs.slots[a], t) for a, t in lout]
+        pr = [(rhs.slots[a], t) for a, t in rout]
+        ren_r = self.simulate(pl, rhs, rout + [(b, lhs.slots[a]) for a, b in contract])
+        ren_l = self.simulate(pr, lhs, lout + [(a, rhs.slots[b]) for a, b in contract])
+        if (ren_l, -math.prod(lhs.shape)) < (ren_r, -math.prod(rhs.shape)):
+            rhs = self.bind(rhs, rout, eqn, ctx)
+            lhs = self.bind(lhs, lout + [(a, rhs.slots[b]) for a, b in zip(lc, rc)], eqn, ctx)
+        else:
+            lhs = self.bind(lhs, lout, eqn, ctx)
+            rhs = self.bind(rhs, rout + [(b, lhs.slots[a]) for a, b in zip(lc, rc)], eqn, ctx)
+        named = [self.node_of(lhs, ctx), self.node_of(rhs, ctx)]
+        self.add(_Pending("einsum", "dot", "dot_general", out, [lhs, rhs], named, _binder(eqn),
+                          ctx[0], ctx[1], self.source(eqn)))
+        return out
+
+    def reduce(self, eqn: Any, x: _Val, aval: Any, ctx: tuple) -> _Val:
+        axes = eqn.params["axes"]
+        prim = eqn.primitive.name
+        if x.root is None:
+            x = self.node_of(x, ctx)
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        x = self.bind(x, [(a, out.slots[k]) for k, a in enumerate(kept)], eqn, ctx)
+        kind, fn = ("einsum", "sum") if prim == "reduce_sum" else ("reduce", REDUCE[prim])
+        self.add(_Pending(kind, fn, prim, out, [x], [self.node_of(x, ctx)], _binder(eqn),
+                          ctx[0], ctx[1], self.source(eqn)))
+        return out
+
+    def gather(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
+        table, idx = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        dn = eqn.params["dimension_numbers"]
+        ok = (len(dn.start_index_map) == 1 and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
+              and not dn.operand_batching_dims and idx.shape and idx.shape[-1] == 1
+              and all(s == table.shape[i] for i, s in enumerate(eqn.params["slice_sizes"])
+                      if i not in dn.collapsed_slice_dims))
+        if not ok or table.root is None or idx.root is None:
+            raise self.unsupported(eqn, "only embedding-style lookups (take along one axis) are supported")
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        axis = dn.collapsed_slice_dims[0]
+        offset = sorted(dn.offset_dims)
+        kept = [i for i in range(len(table.shape)) if i != axis]
+        table = self.bind(table, [(a, out.slots[o]) for a, o in zip(kept, offset)], eqn, ctx)
+        batch_pos = [i for i in range(len(aval.shape)) if i not in offset]
+        idx = self.bind(idx, [(a, out.slots[o]) for a, o in zip(range(len(idx.shape) - 1), batch_pos)],
+                        eqn, ctx)
+        p = _Pending("gather", "take", "gather", out, [table, idx],
+                     [self.node_of(table, ctx), self.node_of(idx, ctx)], _binder(eqn),
+                     ctx[0], ctx[1], self.source(eqn))
+        p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),)
+        self.add(p)
+        return out
+
+    def scatter_add(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
+        operand, idx, upd = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        dn = eqn.params["dimension_numbers"]
+        ok = (len(dn.scatter_dims_to_operand_dims) == 1
+              and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
+              and not dn.operand_batching_dims and idx.shape and idx.shape[-1] == 1
+              and operand.root is not None and idx.root is not None and upd.root is not None)
+        if not ok:
+            raise self.unsupported(eqn, "only embedding-gradient scatter-adds are supported")
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        operand = self.bind(operand, [(i, out.slots[i]) for i in range(len(aval.shape))], eqn, ctx)
+        axis = dn.inserted_window_dims[0]
+        window = sorted(dn.update_window_dims)
+        kept = [i for i in range(len(aval.shape)) if i != axis]
+        upd = self.bind(upd, [(w, out.slots[k]) for w, k in zip(window, kept)], eqn, ctx)
+        scat = [i for i in range(len(upd.shape)) if i not in window]
+        idx = self.bind(idx, [(a, upd.slots[s]) for a, s in zip(range(len(idx.shape) - 1), scat)], eqn, ctx)
+        p = _Pending("scatter", "scatter-add", "scatter_add", out, [operand, idx, upd],
+                     [self.node_of(v, ctx) for v in (operand, idx, upd)], _binder(eqn),
+                     ctx[0], ctx[1], self.source(eqn))
+        p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),)
+        self.add(p)
+        return out
+
+    def scan(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
+        if ctx[0] is not None:
+            raise self.unsupported(eqn, "nested scans are not supported; unroll the inner loop")
+        p = eqn.params
+        length, nc, ncar = int(p["length"]), p["num_consts"], p["num_carry"]
+        name = f"loop{len(self.loops)}"
+        body_ctx = (name, ctx[1] * length)
+        consts, init, xs = ins[:nc], ins[nc:nc + ncar], ins[nc + ncar:]
+        loop_slot = self.uf.new(length) if length > 1 else None
+        if loop_slot is not None:
+            self.loop_slots[loop_slot] = name
+        info = dict(name=name, length=length, reverse=bool(p["reverse"]), slot=loop_slot,
+                    carries=[], slices=[], stacks=[], results=[])
+        self.loops.append(info)
+        carries = []
+        for v in init:
+            src = self.node_of(v, ctx)
+            c = self.new_val(v.shape, v.dtype, ctx=body_ctx)
+            self.bind(v, [(i, c.slots[i]) for i in range(len(v.shape))], eqn, ctx)
+            self.add(_Pending("reshape", "carry", "carry", c, [v], [src], None, name, body_ctx[1],
+                              self.source(eqn)))
+            carries.append(c)
+        slices = []
+        for v in xs:
+            src = self.node_of(v, ctx)
+            s = self.new_val(v.shape[1:], v.dtype, ctx=body_ctx)
+            pairs = [(i + 1, s.slots[i]) for i in range(len(s.shape))]
+            if loop_slot is not None:
+                pairs.append((0, loop_slot))
+            self.bind(v, pairs, eqn, ctx)
+            self.add(_Pending("reshape", "slice", "slice", s, [v], [src], None, name, body_ctx[1],
+                              self.source(eqn)))
+            info["slices"].append(s)
+            slices.append(s)
+        body = p["jaxpr"]
+        outs = self.run(body.jaxpr, body.consts, [*consts, *carries, *slices], body_ctx)
+        results = []
+        for c, nxt in zip(carries, outs[:ncar]):
+            if nxt.root is not c:
+                # the next value must carry the carry's names: rename it where it cannot
+                # (e.g. ``h @ w`` with a square ``w`` gives h's axis the other name of w)
+                nxt = self.bind(nxt, [(i, c.slots[i]) for i in range(len(c.shape))], eqn, body_ctx)
+            nxt_node = self.node_of(nxt, body_ctx)
+            info["carries"].append((c, nxt_node))
+            r = self.new_val(c.shape, c.dtype, ctx=ctx)
+            self.bind(c, [(i, r.slots[i]) for i in range(len(c.shape))], eqn, ctx)
+            self.add(_Pending("reshape", "result", "result", r, [nxt], [nxt_node], None, ctx[0], ctx[1],
+                              self.source(eqn)))
+            info["results"].append((r, c))
+            results.append(r)
+        stacks = []
+        for y, var in zip(outs[ncar:], eqn.outvars[ncar:]):
+            shape = tuple(var.aval.shape)
+            y_node = self.node_of(y, body_ctx)
+            st = self.new_val(shape, var.aval.dtype, ctx=ctx)
+            pairs = [(i, st.slots[i + 1]) for i in range(len(y.shape))]
+            self.bind(y, pairs, eqn, body_ctx)
+            if loop_slot is not None:
+                self.uf.union(st.slots[0], loop_slot)
+            self.add(_Pending("reshape", "stack", "stack", st, [y], [y_node], None, ctx[0], ctx[1],
+                              self.source(eqn)))
+            info["stacks"].append(st)
+            stacks.append(st)
+        return [*results, *stacks]
