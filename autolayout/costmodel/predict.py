@@ -195,8 +195,11 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, hardware: Any = "tpu-v3
             plan = shard_of[op.name]
             op_flops, op_compute = op_flops / plan.factor, op_compute / plan.factor
             if op.name == plan.new_param:
-                nbytes = graph.tensor(op.name).itemsize * -(-math.prod(
-                    d.size for d in oc.local_shape) // plan.factor)
+                # shards are padded per scan iteration: the gradient was reduce-scattered
+                # inside the loop, one layer at a time
+                per_iter = math.prod(d.size for d in oc.local_shape if d.name not in graph.loop_dims)
+                iters = math.prod(d.size for d in oc.local_shape if d.name in graph.loop_dims)
+                nbytes = graph.tensor(op.name).itemsize * iters * -(-per_iter // plan.factor)
                 op_colls.append(dataclasses.replace(
                     _collective("all-gather", nbytes, plan.axes, op, mesh, hw), count=op.multiplicity))
         op_comm = sum(c.time_s for c in op_colls)

@@ -132,34 +132,63 @@ def _collective(kind: str, nbytes: int, axes: Sequence[str], op: Op, mesh: Mesh,
     return Collective(kind, int(nbytes), n, axes, op.name, op.multiplicity, t)
 
 
+def reshape_moves(groups: Sequence, sizes: Mapping[str, int], axes_in: AxesOf, axes_out: AxesOf,
+                  mesh: Mesh) -> tuple[list[str], list[str]]:
+    """Paper §6.1 per mesh axis, for split/merge/rename groups: ``(all_to_all, all_gather)``
+    axes (mesh order). Each group is read as row-major digits (Mesh-TensorFlow's cumulative
+    products): a mesh axis splitting dim ``d`` occupies the digit range ``[hi/n, hi)`` of its
+    group. Same range before and after: local. Only before: all-gather. Only after: a local
+    slice. Moved: all-to-all, unless its new range is still held by another mesh axis
+    before (a multi-axis split whose axes swap), which no single all-to-all can do: then it
+    is gathered and sliced. ``exec`` lowers reshapes by exactly this rule."""
+    pos_in: dict[str, tuple] = {}
+    pos_out: dict[str, tuple] = {}
+    local_in: list[tuple] = []
+    bounds: dict[int, set] = {}
+    for gi, (gin, gout) in enumerate(groups):
+        if not gin or not gout:
+            continue  # a broadcast dim (created locally) or a loop slice (never split)
+        b = bounds.setdefault(gi, set())
+        for dims, axes, pos, local in ((gin, axes_in, pos_in, local_in), (gout, axes_out, pos_out, None)):
+            hi = math.prod(sizes[d] for d in dims)
+            for d in dims:
+                rest = sizes[d]
+                for a in axes.get(d, ()):
+                    n = mesh.axis_size(a)
+                    pos[a] = (gi, hi, hi // n)
+                    b.update((hi, hi // n))
+                    hi, rest = hi // n, rest // n
+                if local is not None:
+                    local.append((gi, hi, hi // rest))
+                b.update((hi, hi // rest))
+                hi //= rest
+
+    def fines(rng: tuple) -> list[tuple]:
+        gi, hi, lo = rng
+        cuts = sorted((v for v in bounds[gi] if lo <= v <= hi), reverse=True)
+        return [(gi, cuts[k], cuts[k + 1]) for k in range(len(cuts) - 1)]
+
+    held_locally = {f for rng in local_in for f in fines(rng)}
+    order = mesh.axis_names
+    gather = [a for a in order if a in pos_in and a not in pos_out]
+    alltoall = []
+    for a in order:
+        if a in pos_in and a in pos_out and pos_in[a] != pos_out[a]:
+            if all(f in held_locally for f in fines(pos_out[a])):
+                alltoall.append(a)
+            else:
+                gather.append(a)
+    return alltoall, [a for a in order if a in gather]
+
+
 def reshape_collectives(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware) -> list[Collective]:
-    """Paper §6.1: all-gather, local slice or all-to-all per mesh axis."""
-    groups = op.attr("groups", ())
+    """Paper §6.1: all-gather, local slice or all-to-all per mesh axis (:func:`reshape_moves`)."""
+    if not op.inputs:
+        return []
     sizes = {d.name: d.size for d in op.dims}
-    where_in = {a: d for d in op.input_shapes[0] for a in axes_of.get(d.name, ())} if op.inputs else {}
-    where_out = {a: d for d in op.output.shape for a in axes_of.get(d.name, ())}
-    major_pairs = set()
-    for gin, gout in groups:
-        if gin and gout:
-            major_pairs.add((gin[0], gout[0]))
-    gather, alltoall = [], []
-    for a in mesh.axis_names:
-        din, dout = where_in.get(a), where_out.get(a)
-        if din is None:
-            continue  # unsplit -> split is a local slice; unsplit -> unsplit is nothing
-        if dout is not None and din.name == dout.name:
-            continue
-        if dout is None:
-            gather.append(a)
-            continue
-        free = ((din.name, dout.name) in major_pairs
-                and axes_of.get(din.name, ()) == axes_of.get(dout.name, ())
-                and sizes[din.name] % mesh.axis_size(a) == 0 and sizes[dout.name] % mesh.axis_size(a) == 0)
-        if not free:
-            alltoall.append(a)
+    alltoall, gather = reshape_moves(op.attr("groups", ()), sizes, axes_of, axes_of, mesh)
+    in_bytes = _nbytes(local_dims(op.input_shapes[0], axes_of, mesh), op.output.itemsize)
     out = []
-    in_bytes = (_nbytes(local_dims(op.input_shapes[0], axes_of, mesh), op.output.itemsize)
-                if op.inputs else 0)
     if alltoall:
         out.append(_collective("all-to-all", in_bytes, alltoall, op, mesh, hw))
     if gather:

@@ -1,0 +1,322 @@
+"""Execution backend: every valid layout computes the reference numbers with exactly the
+predicted collectives (DESIGN §6)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autolayout import models
+from autolayout.core import Layout, LayoutError, Mesh
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.predict import predict, resolve_layout
+from autolayout.exec import (ArgumentError, Execution, LoweringError, NotEnoughDevicesError, calibrate,
+                             execute, parse_collectives)
+from autolayout.exec.hlo import diff_text
+from autolayout.trace import named, trace
+
+MESHES = ["all:8", "rows:2,cols:4", "rows:4,cols:2", "rows:2,cols:2,planes:2"]
+FAST = {"xla_backend_optimization_level": 0}  # ~2x faster XLA CPU compiles; same numbers
+TOL = 1e-4
+
+
+@functools.lru_cache(maxsize=None)
+def graph(name: str):
+    if name == "mlp":
+        return models.mlp(batch=16, d_io=8, d_hidden=16)
+    if name == "moe":
+        return models.moe(d_model=8, d_ff=16, experts=8, capacity=8, batch=8, length=8)
+    if name == "transformer_lm":
+        return models.transformer_lm(d_model=16, d_ff=32, heads=8, d_kv=8, n_layers=2, vocab=32,
+                                     batch=8, length=8)
+    raise KeyError(name)
+
+
+def run(g, mesh, layout, **kw) -> Execution:
+    kw.setdefault("repeats", 1)
+    kw.setdefault("compiler_options", FAST)
+    return execute(g, mesh, layout, **kw)
+
+
+def check(ex: Execution) -> None:
+    assert ex.max_abs_error <= TOL, f"{ex.summary()}"
+    assert ex.collectives_match, f"{ex.summary()}\n{ex.collective_diff()}\nnotes: {ex.notes}"
+    assert ex.collective_diff() == ""
+
+
+@st.composite
+def valid_layouts(draw, name: str, wus: bool = True):
+    """A random mesh and a random layout ``predict`` accepts (rejection sampling): each mesh
+    axis goes to a random dim (several axes may split one dim, in random major/minor
+    order) or to none; sometimes weight-update sharding of random parameters."""
+    g = graph(name)
+    mesh = Mesh(draw(st.sampled_from(MESHES)))
+    rnd = draw(st.randoms(use_true_random=False))
+    dims = sorted(d for d in g.dims if d not in g.loop_dims)
+    params = sorted(t.name for t in g.params())
+    for _ in range(100):
+        rules: dict[str, list[str]] = {}
+        for a in rnd.sample(mesh.axis_names, len(mesh.axis_names)):
+            if rnd.random() < 0.85:
+                rules.setdefault(rnd.choice(dims), []).append(a)
+        upd = {}
+        if wus and rnd.random() < 0.5:
+            for p in rnd.sample(params, rnd.randint(1, min(3, len(params)))):
+                upd[p] = rnd.sample(mesh.axis_names, rnd.randint(1, len(mesh.axis_names)))
+        layout = Layout(rules, upd)
+        try:
+            resolve_layout(g, mesh, layout)
+            predict(g, mesh, layout, "cpu")
+        except LayoutError:
+            continue
+        return str(mesh), layout
+    return str(mesh), Layout()
+
+
+SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(max_examples=10, **SLOW)
+@given(valid_layouts("mlp"))
+def test_mlp_random_layouts(case):
+    mesh, layout = case
+    check(run(graph("mlp"), mesh, layout))
+
+
+@settings(max_examples=6, **SLOW)
+@given(valid_layouts("moe"))
+def test_moe_random_layouts(case):
+    mesh, layout = case
+    check(run(graph("moe"), mesh, layout))
+
+
+@settings(max_examples=3, **SLOW)
+@given(valid_layouts("transformer_lm"))
+def test_transformer_random_layouts(case):
+    mesh, layout = case
+    check(run(graph("transformer_lm"), mesh, layout))
+
+
+@pytest.mark.parametrize("name,mesh,layout", [
+    # paper Table 1 / §8: data, model and mixed parallel; multi-axis dims
+    ("mlp", "rows:2,cols:4", "batch:rows;hidden:cols"),
+    ("mlp", "rows:2,cols:2,planes:2", "batch:rows,planes;hidden:cols"),
+    # weight-update sharding: along a dim, and flattened + padded (seed 003 §4)
+    ("mlp", "rows:2,cols:4", "batch:rows,cols|w:rows,cols;v:cols;bias:rows"),
+    # expert parallelism: argmax over split experts (pmax + pmin)
+    ("moe", "rows:2,cols:4", "batch:rows;experts:cols"),
+    # attention memory length: the rename of k and v all-gathers / slices
+    ("transformer_lm", "rows:2,cols:2,planes:2", "length:cols;length_1:rows;batch:planes"),
+    # split vocabulary: masked gather + psum, masked scatter-add; WUS inside a scan
+    ("transformer_lm", "rows:4,cols:2", "batch:rows;vocab:cols|layers/w1:rows;embed:rows"),
+])
+def test_known_layouts(name, mesh, layout):
+    ex = run(graph(name), mesh, layout)
+    check(ex)
+    if name == "transformer_lm":  # scan bodies: predicted once per op (count 2), once in the HLO
+        assert any(c.count == 2 for c in ex.predicted.collectives)
+
+
+def test_flat_update_shards_are_padded():
+    """No dim of ``bias``/``w`` divides by 8 locally: the update runs on flattened, padded
+    shards; the reduce-scatter operand is the padded gradient."""
+    g = models.mlp(batch=16, d_io=6, d_hidden=12)
+    ex = run(g, "all:8", "batch:all|bias:all;w:all")
+    check(ex)
+    rs = [c for c in ex.compiled_collectives if c.kind == "reduce-scatter"]
+    assert sorted(c.bytes for c in rs) == [16 * 4, 72 * 4]  # 12 -> 16 floats; 72 divides by 8
+
+
+def test_flat_update_shards_of_stacked_parameters():
+    """Stacked (scanned) parameters whose update shards are flattened: the gradient is
+    reduce-scattered inside the loop, one layer at a time, so shards are padded per layer."""
+    g = models.transformer_lm(d_model=12, d_ff=24, heads=2, d_kv=6, n_layers=2, vocab=24, batch=8, length=8)
+    check(run(g, "all:8", "batch:all|layers/ln1_scale:all;layers/w1:all;ln_f_scale:all;embed:all"))
+
+
+# ------------------------------------------------------------------ reshape lowering
+@functools.lru_cache(maxsize=None)
+def split_merge_graph():
+    def f(x, w):
+        y = named((x @ w).reshape(8, 4, 8), "batch heads kv")
+        z = jnp.tanh(y) * 2.0
+        return (z.reshape(8, 32) ** 2).sum(-1), z.sum(0)
+    return trace(f, jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((8, 32), jnp.float32),
+                 dims=("batch d", "d hk"), roles=("input", "param"))
+
+
+@pytest.mark.parametrize("mesh,layout,kinds", [
+    # split hk -> (heads, kv), then merge (heads, kv) -> d32
+    ("rows:2,cols:4", "heads:cols;d32:cols", []),                   # slice; merge keeps the major axis
+    ("rows:2,cols:4", "hk:cols;heads:cols", ["all-gather"]),        # split local; merge gathers
+    ("rows:2,cols:4", "hk:rows;kv:rows", ["all-gather", "all-to-all"]),  # axis moves to the minor dim
+    ("rows:2,cols:4", "hk:cols;kv:rows", ["all-gather", "all-gather"]),
+    ("rows:2,cols:4", "heads:rows;kv:cols", ["all-gather"]),        # one gather over both axes
+    ("rows:2,cols:2,planes:2", "hk:cols;kv:planes;d32:rows", ["all-gather", "all-gather"]),
+])
+def test_split_merge_reshapes(mesh, layout, kinds):
+    ex = run(split_merge_graph(), mesh, layout)
+    check(ex)
+    assert sorted(c.kind for c in ex.compiled_collectives if c.kind != "all-reduce") == kinds
+
+
+@pytest.mark.parametrize("layout,kinds", [
+    # hk=32 split (cols, rows): digits cols [32,8), rows [8,4); heads=4 on cols is [32,8),
+    # kv=8 on rows is [8,4): every axis stays -> the split is local; the merge to d32
+    # (unsplit) gathers both axes in one all-gather
+    ("hk:cols,rows;heads:cols;kv:rows", ["all-gather"]),
+    # hk split (rows, cols): rows [32,16) stays on heads; cols moves from [16,4) to kv's
+    # [8,2), whose upper part [8,4) rows-and-cols still hold: no single all-to-all can do it,
+    # so cols is gathered and sliced; the merge then gathers rows and cols
+    ("hk:rows,cols;heads:rows;kv:cols", ["all-gather", "all-gather"]),
+], ids=["axes-stay", "axes-swap"])
+def test_multi_axis_reshapes_match_the_cost_model(layout, kinds):
+    """Cost model and lowering read split/merge groups by the same digit rule
+    (``costmodel.rules.reshape_moves``), so multi-axis reshapes match the HLO too."""
+    ex = run(split_merge_graph(), "rows:2,cols:4", layout)
+    check(ex)
+    assert sorted(c.kind for c in ex.compiled_collectives if c.kind != "all-reduce") == kinds
+
+
+def test_unsupported_reduction_is_rejected():
+    g = trace(lambda x: jnp.prod(x, axis=1), jax.ShapeDtypeStruct((8, 8), jnp.float32), dims=("batch d",))
+    with pytest.raises(LoweringError, match=r"reduce_prod over a dim split across mesh axes \['all'\]"):
+        run(g, "all:8", "d:all")
+    check(run(g, "all:8", "batch:all"))
+
+
+# ----------------------------------------------------------------- the Execution
+def test_execution_reports_everything():
+    g = graph("mlp")
+    ex = run(g, "rows:2,cols:4", "batch:rows;hidden:cols", repeats=3)
+    check(ex)
+    assert len(ex.step_times_s) == 3 and ex.step_time_s > 0 and ex.step_time_spread_s >= 0
+    assert "all-reduce" in ex.hlo_text and ex.compiled_hlo_text
+    assert ex.xla_flops > 0 and ex.xla_memory_bytes > 0
+    assert {c.kind for c in ex.compiled_collectives} == {"all-reduce"}
+    assert all(c.replica_groups for c in ex.compiled_collectives)
+    assert list(ex.comparison.columns) == ["quantity", "predicted", "compiled", "measured", "ratio"]
+    rows = dict(zip(ex.comparison.quantity, ex.comparison.predicted))
+    assert rows["flops per device"] == ex.predicted.flops
+    assert rows["step time s"] == ex.predicted.time_s
+    # outputs have the traced function's structure and equal the reference
+    new, gx, loss = ex.outputs
+    assert set(new) == {"w", "bias", "v"} and gx.shape == (16, 8) and loss.shape == ()
+    ref = g.evaluate(*models.example_args(g, 0))
+    np.testing.assert_allclose(np.asarray(loss), np.asarray(ref[2]), rtol=1e-5)
+
+
+def test_explicit_args_and_jax_mesh():
+    g = graph("mlp")
+    args = models.example_args(g, seed=3)
+    jmesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("rows", "cols"))
+    ex = run(g, jmesh, "batch:rows;io:cols", args=args)
+    check(ex)
+    assert str(ex.mesh) == "rows:4,cols:2"
+    np.testing.assert_allclose(np.asarray(ex.outputs[1]), np.asarray(g.evaluate(*args)[1]), atol=1e-5)
+
+
+def test_gspmd_backend():
+    g = graph("transformer_lm")
+    ex = run(g, "rows:2,cols:4", "batch:rows;heads:cols;d_ff:cols", backend="gspmd")
+    assert ex.backend == "gspmd" and ex.max_abs_error <= TOL
+    assert ex.compiled_collectives and ex.step_time_s > 0
+    assert ex.compiled_collectives == ex.optimized_collectives  # GSPMD's own, after partitioning
+
+
+# --------------------------------------------------------------------- bad input
+def test_too_few_devices():
+    with pytest.raises(NotEnoughDevicesError,
+                       match=r"needs 16 devices but only 8 .*JAX_NUM_CPU_DEVICES=16.*before importing jax"):
+        execute(graph("mlp"), "rows:4,cols:4", "batch:rows")
+    assert issubclass(NotEnoughDevicesError, ValueError)
+
+
+def test_invalid_layout():
+    with pytest.raises(LayoutError, match="tensor .* would have two dims, 'batch' and 'hidden'"):
+        execute(graph("mlp"), "all:8", "batch:all;hidden:all")
+    with pytest.raises(LayoutError, match="dim 'batch' .* has size 12, which is not divisible by 8"):
+        execute(models.mlp(batch=12, d_io=8, d_hidden=16), "all:8", "batch:all")
+
+
+def test_wrong_args():
+    g = graph("mlp")
+    params, batch = models.example_args(g)
+    with pytest.raises(ArgumentError, match=r"missing \[\"\[1\]\['dy'\]\"\]|missing .*\[1\]\['dy'\]"):
+        execute(g, "all:8", "batch:all", args=(params, {"x": batch["x"]}))
+    bad = dict(params, w=jnp.zeros((3, 3)))
+    with pytest.raises(ArgumentError, match=r"argument \[0\]\['w'\] has shape \(3, 3\), expected \(8, 16\) "
+                                            r"\(io:8, hidden:16\)"):
+        execute(g, "all:8", "batch:all", args=(bad, batch))
+
+
+# ------------------------------------------------------------------- HLO parsing
+HLO = """
+HloModule m
+%region_0.1 (a: f32[], b: f32[]) -> f32[] {
+  ROOT %add = f32[] add(a, b)
+}
+%shared.2 (x: f32[4]) -> f32[4] {
+  ROOT ar.9 = f32[4]{0} all-reduce(x), replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%region_0.1
+}
+ENTRY %main.9 (p: f32[8,16]) -> f32[8,16] {
+  c1 = f32[4]{0} call(y), to_apply=%shared.2
+  c2 = f32[4]{0} call(z), to_apply=%shared.2
+  psum.5 = f32[1,16]{1,0} all-reduce(x.2), channel_id=1, replica_groups={{0,4},{1,5},{2,6},{3,7}}, use_global_device_ids=true, to_apply=region_0.1
+  ag.1 = f32[8,16]{1,0} all-gather(x.2), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}
+  rs.5 = f32[1,2]{1,0} reduce-scatter(x.3), channel_id=3, replica_groups=[2,4]<=[4,2]T(1,0), dimensions={1}, to_apply=region_0.1
+  a2a.5 = f32[1,4,16]{2,1,0} all-to-all(r.1), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={2}
+  %all-reduce.73 = (f32[16]{0}, bf16[2,8]{1,0}) all-reduce(f32[16]{0} %a, bf16[2,8]{1,0} %b), channel_id=5, replica_groups={}, to_apply=%region_0.1
+  ROOT add.1 = f32[8,16]{1,0} add(ag.1, ag.1)
+}
+"""
+
+
+def test_parse_collectives():
+    cs = parse_collectives(HLO, 8)
+    assert [(c.kind, c.bytes, c.group_size) for c in cs] == [
+        ("all-reduce", 16, 2), ("all-reduce", 16, 2),  # one computation, called twice
+        ("all-reduce", 64, 2), ("all-gather", 64, 8), ("reduce-scatter", 32, 4),
+        ("all-to-all", 256, 4), ("all-reduce", 96, 8)]
+    assert cs[2].computation == "main.9" and cs[2].name == "psum.5"
+
+
+def test_diff_is_readable():
+    from autolayout.costmodel.rules import Collective
+    pred = [Collective("all-reduce", 64, 2, ("rows",), op="dot_general_3")]
+    comp = parse_collectives(HLO, 8)[2:4]
+    text = diff_text(pred, comp)
+    assert "- predicted only: 0" not in text
+    assert "+ compiled only:  1 x all-gather 64B group 8" in text
+    assert diff_text(pred, comp[:1]) == ""
+
+
+# --------------------------------------------------------------------- calibration
+def test_calibrate_quick(tmp_path):
+    hw = calibrate("rows:2,cols:4", quick=True, repeats=1)
+    assert hw.peak("float32") > 0 and hw.hbm_bandwidth > 0
+    assert {a for a, _ in hw.axis_links} == {"rows", "cols"}
+    for _, link in hw.axis_links:
+        assert link.bandwidth > 0 and link.latency >= 0
+    path = tmp_path / "cpu.json"
+    hw.save(path)
+    assert Hardware.load(path) == hw
+    assert predict(graph("mlp"), "rows:2,cols:4", "batch:rows", hw).time_s > 0
+
+
+def test_fit_alpha_beta_recovers_the_model():
+    from autolayout.exec.calibrate import _model_terms, fit_alpha_beta
+    alpha, bw = 20e-6, 2e9
+    samples = []
+    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
+        for v in (4096, 65536, 1 << 20):
+            steps, wire = _model_terms(kind, v, 4)
+            samples.append((kind, v, 4, alpha * steps + wire / bw))
+    a, b = fit_alpha_beta(samples)
+    assert math.isclose(a, alpha, rel_tol=1e-6) and math.isclose(b, bw, rel_tol=1e-6)
