@@ -1,31 +1,48 @@
 """``autolayout demo``: the pipeline end to end on a small transformer, one section at a time.
 
 Each section is a function that takes the :class:`Demo` state, prints its part and
-may add to the state; :data:`SECTIONS` lists them in order, so a new stage (cost
-table, search, execution) is one function and one entry. Sizes are CPU-friendly:
-the whole demo runs in seconds.
+may add to the state; :data:`SECTIONS` lists them in order, so a new stage is one
+function and one entry. Sizes are CPU-friendly: tracing, prediction and search take
+seconds; executing four layouts on 8 virtual CPU devices (compiling each program) takes
+most of the demo's time, about a minute on two cores.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autolayout.graph import Graph, SignatureClass
+from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman, text_table
 
 # The built-in transformer (autolayout.models.transformer_lm) at a size a laptop traces
 # and runs in well under a second.
 SIZES = dict(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=256, batch=16, length=32)
+MESH = "rows:2,cols:4"
+# The named layouts of the paper (§8, §9) on a 2-D mesh, beside the search's choice.
+NAMED = [
+    ("data-parallel", "batch:rows,cols"),
+    ("model-parallel", "heads:cols;d_ff:cols;vocab:cols"),
+    ("2-D (paper §9)", "batch:rows;heads:cols;d_ff:cols;vocab:cols"),
+]
 WIDTH = 78
 
 
 @dataclass
 class Demo:
-    """What the sections share: the traced graph, and anything later sections add."""
+    """What the sections share: options, the traced graph, and anything later sections add."""
 
     sizes: dict[str, int]
     graph: Graph | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    mesh: str = MESH
+    hardware: Any = None   # profile predictions use; None: the local devices' profile
+    execute: bool = True
+    repeats: int = 3
+    progress: bool = True
+    out: str | None = None  # report directory; None: no report
+    calibrate: bool = True  # measure a profile on CPU devices when no hardware is given
 
 
 def header(title: str) -> None:
@@ -35,20 +52,12 @@ def header(title: str) -> None:
 
 def table(rows: list[tuple], head: tuple, align: str) -> None:
     """Print ``rows`` under ``head``; ``align`` has one ``<`` or ``>`` per column."""
-    cells = [tuple(str(c) for c in head)] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    for k, row in enumerate(cells):
-        print("  " + "  ".join(c.ljust(w) if a == "<" else c.rjust(w)
-                               for c, w, a in zip(row, widths, align)).rstrip())
-        if k == 0:
-            print("  " + "  ".join("-" * w for w in widths))
+    print(text_table(rows, head, align))
 
 
 # --------------------------------------------------------------------------- sections
 def section_trace(demo: Demo) -> None:
     """Trace one Adam training step of the built-in transformer (nothing is allocated)."""
-    import time
-
     from autolayout import models
 
     header("1. Trace: a plain JAX training step -> named-dimension graph")
@@ -97,18 +106,224 @@ def _einsum_text(g: Graph, c: SignatureClass) -> str:
     return ", ".join(shape(s) for s in op.input_shapes) + " -> " + shape(op.output.shape)
 
 
-SECTIONS: list[Callable[[Demo], None]] = [section_trace, section_signatures]
+def section_calibrate(demo: Demo) -> None:
+    """Find the devices and the hardware profile: measured on this machine unless one was given."""
+    from autolayout.core import Mesh
+    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.reporting.devices import devices_for, platform_hardware
+
+    mesh = Mesh.parse(demo.mesh)
+    devices, note = devices_for(mesh.size)
+    demo.extras["devices"], demo.extras["devices_note"] = devices, note
+    header("3. Calibrate: a hardware profile for the cost model")
+    if demo.hardware is not None:
+        demo.hardware = get_hardware(demo.hardware)
+        print(f"  using the {demo.hardware.name} profile (--hardware)")
+        return
+    builtin = platform_hardware(devices or [])
+    if not demo.calibrate or devices is None or builtin.name != "cpu":
+        demo.hardware = builtin
+        print(f"  using the built-in {builtin.name} profile")
+        return
+    try:
+        from autolayout.reporting.devices import calibrated
+        t0 = time.perf_counter()
+        hw, why = calibrated(mesh, devices, quick=True)
+    except (ImportError, NotImplementedError, ValueError) as exc:
+        demo.hardware = builtin
+        print(f"  calibration unavailable ({type(exc).__name__}: {exc}); using the built-in cpu placeholder")
+        return
+    demo.hardware = hw
+    if why:
+        print(f"  {why}")
+        return
+    print(f"  measured on {len(devices)} {devices[0].platform.upper()} devices in {time.perf_counter() - t0:.1f} s "
+          "(autolayout.calibrate, quick): all devices at once, so each gets its share of the cores")
+    rows = [("matmul", f"{hw.peak('float32') / 1e9:.3g} GFLOP/s per device"),
+            ("memory bandwidth", f"{hw.hbm_bandwidth / 1e9:.3g} GB/s per device")]
+    rows += [(f"axis {a}", f"{l.bandwidth / 1e9:.3g} GB/s, latency {l.latency * 1e6:.3g} us per step")
+             for a, l in hw.axis_links]
+    table(rows, ("", "measured"), "<<")
 
 
-def run(sizes: dict[str, int] | None = None) -> int:
-    """Run every section in order; returns the exit code (0)."""
-    demo = Demo(dict(sizes or SIZES))
+def section_predict(demo: Demo) -> None:
+    """Predict the named layouts (and the replicated one) on the mesh: no device needed."""
+    from autolayout.core import Mesh
+    from autolayout.costmodel.predict import predict
+
+    mesh = Mesh.parse(demo.mesh)
+    hw = demo.hardware
+    header(f"4. Predict: per device per step on {mesh} ({hw.name})")
+    layouts = [("replicated", "")] + NAMED
+    costs = {name: predict(demo.graph, mesh, lay, hw) for name, lay in layouts}
+    demo.extras["costs"] = costs
+    rows = [(name, short_layout(c.layout, 44), fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_time(c.time_s),
+             fmt_bytes(c.memory_bytes), len(c.collectives)) for name, c in costs.items()]
+    table(rows, ("layout", "rules", "compute", "comm", "time", "memory", "collectives"), "<<>>>>>")
+    print("\n  (no device is needed to predict: `autolayout predict transformer_lm --hardware tpu-v4 ...`)")
+
+
+def section_search(demo: Demo) -> None:
+    """Find the provably fastest layout under the cost model with CP-SAT."""
+    header("5. Search: the fastest layout under the cost model (CP-SAT)")
+    try:
+        from autolayout.search import search
+    except ImportError as exc:
+        print(f"  search unavailable in this installation: {exc}")
+        return
+    r = search(demo.graph, demo.mesh, hardware=demo.hardware)
+    demo.extras["search"] = r
+    print(f"  {r.status} in {r.solve_time_s:.2f} s ({r.num_variables} variables, {r.num_constraints} constraints), "
+          f"gap {r.gap:.1%}")
+    print(f"  layout: {short_layout(r.layout, 120)}")
+    best_named = min(((n, c) for n, c in demo.extras["costs"].items()), key=lambda nc: nc[1].time_s)
+    print(f"  predicted {fmt_time(r.cost.time_s)} per step (compute {fmt_time(r.cost.compute_s)}, comm "
+          f"{fmt_time(r.cost.comm_s)}), memory {fmt_bytes(r.cost.memory_bytes)}/device; best named layout "
+          f"({best_named[0]}) {fmt_time(best_named[1].time_s)}")
+    if r.layout.update_sharding:
+        print(f"  weight-update sharding (seed 003): {len(r.layout.update_sharding)} parameters update a shard "
+              "(reduce-scatter gradient, update 1/N, all-gather)")
+
+
+def _layouts_to_run(demo: Demo) -> list[tuple[str, Any]]:
+    from autolayout.core import Layout
+
+    out = list(NAMED)
+    r = demo.extras.get("search")
+    if r is not None:
+        same = [i for i, (_, lay) in enumerate(out) if Layout(lay).canonical() == r.layout.canonical()]
+        if same:
+            out[same[0]] = (out[same[0]][0] + " (searched)", out[same[0]][1])
+        else:
+            out.insert(0, ("searched", r.layout))
+    return [(name, Layout.coerce(lay)) for name, lay in out]
+
+
+def section_execute(demo: Demo) -> None:
+    """Run each layout as one jax.shard_map program on the devices and check it."""
+    from autolayout.report import LayoutResult
+    from autolayout.reporting.progress import Progress
+
+    devices = demo.extras.get("devices")
+    header(f"6. Execute: each layout as one shard_map program on {demo.mesh}")
+    if not demo.execute:
+        print("  skipped (--no-execute)")
+        return
+    if devices is None:
+        print(f"  skipped: {demo.extras.get('devices_note')}")
+        return
+    try:
+        from autolayout.exec import execute
+    except ImportError as exc:
+        print(f"  execution unavailable in this installation: {exc}")
+        return
+    if demo.extras.get("devices_note"):
+        print(f"  note: {demo.extras['devices_note']}")
+    from autolayout.costmodel.predict import predict
+    todo = _layouts_to_run(demo)
+    print(f"  {len(todo)} layouts on {len(devices)} {devices[0].platform.upper()} devices: compile, run once, "
+          f"time {demo.repeats} runs, compare with the unsharded reference")
+    results = []
+    t0 = time.perf_counter()
+    with Progress(len(todo), "executing", enabled=demo.progress) as bar:
+        for name, lay in todo:
+            bar.start(name)
+            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+            try:
+                res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.hardware, repeats=demo.repeats,
+                                        devices=devices)
+                bar.advance(f"{res.execution.step_time_s * 1e3:.1f} ms")
+            except (ValueError, NotImplementedError) as exc:
+                res.error = "execution failed: " + " ".join(str(exc).split())
+                bar.advance("failed")
+            results.append(res)
+    demo.extras["results"] = results
+    print(f"  done in {time.perf_counter() - t0:.1f} s")
+
+
+def section_validate(demo: Demo) -> None:
+    """Predicted vs measured, outputs vs reference, predicted vs compiled collectives."""
+    results = demo.extras.get("results")
+    if not results:
+        return
+    header("7. Validate: predicted vs measured (per device, one training step)")
+    rows = []
+    for r in results:
+        c, ex = r.cost, r.execution
+        if ex is None:
+            rows.append((r.name, fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_bytes(c.memory_bytes),
+                         fmt_time(c.time_s), "", "", r.error[:40]))
+            continue
+        rows.append((r.name, fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_bytes(c.memory_bytes), fmt_time(c.time_s),
+                     fmt_time(ex.step_time_s), f"{ex.max_abs_error:.1e}",
+                     f"{'match' if ex.collectives_match else 'MISMATCH'} ({len(ex.compiled_collectives)})"))
+    table(rows, ("layout", "compute", "comm", "memory", "predicted", "measured", "max err", "collectives"),
+          "<>>>>>><")
+    ran = [r for r in results if r.execution is not None]
+    rho = spearman([r.execution.predicted.time_s for r in ran], [r.execution.step_time_s for r in ran])
+    matched = sum(bool(r.execution.collectives_match) for r in ran)
+    print()
+    worst = max((r.execution.max_rel_error for r in ran), default=float("nan"))
+    err = max((r.execution.max_abs_error for r in ran), default=float("nan"))
+    verdict = "every layout computes the same numbers as the unsharded step" if worst <= 1e-4 else \
+        "SOME LAYOUTS DIFFER from the unsharded step"
+    print(f"  outputs: {verdict} (max abs error {err:.1e}, relative {worst:.1e})")
+    print(f"  collectives: {matched} of {len(ran)} compiled programs have exactly the predicted "
+          "all-reduces/all-gathers/... (kind, bytes, group)")
+    print(f"  ranking: Spearman rho(predicted, measured) = {'n/a' if rho != rho else f'{rho:.2f}'} over {len(ran)} layouts")
+    for r in ran:
+        if not r.execution.collectives_match:
+            print(f"\n  {r.name}: predicted vs compiled collectives differ:")
+            for line in r.execution.collective_diff().splitlines():
+                print("    " + line)
+
+
+def section_report(demo: Demo) -> None:
+    """Write the same results as an HTML + Markdown report."""
+    if not demo.out:
+        return
+    from autolayout.core import Mesh
+    from autolayout.report import LayoutResult, Report, write
+    from autolayout.reporting.paper import mlp_scaling
+
+    header("8. Report")
+    results = demo.extras.get("results")
+    if not results:  # not executed: predictions only
+        from autolayout.costmodel.predict import predict
+        results = [LayoutResult(n, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+                   for n, lay in _layouts_to_run(demo)]
+    devices = demo.extras.get("devices") or []
+    rep = Report(graph=demo.graph, mesh=Mesh.parse(demo.mesh), hardware=demo.hardware, results=results,
+                 search=demo.extras.get("search"), measure_hardware=demo.hardware,
+                 platform=devices[0].platform.upper() if devices else "", scaling=mlp_scaling("tpu-v3"))
+    write(rep, demo.out, title="autolayout demo: a small transformer on a 2x4 mesh", command="autolayout demo")
+    print(f"  wrote {rep.path / 'index.html'} (self-contained) and {rep.path / 'report.md'}")
+
+
+SECTIONS: list[Callable[[Demo], None]] = [section_trace, section_signatures, section_calibrate, section_predict,
+                                          section_search, section_execute, section_validate, section_report]
+
+
+def run(sizes: dict[str, int] | None = None, *, out: str | None = None, execute: bool = True,
+        hardware: Any = None, repeats: int = 3, progress: bool = True, mesh: str = MESH,
+        calibrate: bool = True) -> int:
+    """Run every section in order; returns the exit code (0).
+
+    ``out``: write the report there (``autolayout demo`` uses ``reports/demo``);
+    ``execute=False`` stops after the search; ``hardware``: the profile to predict with
+    (default: measured on the local CPU devices with ``autolayout.calibrate`` when
+    ``calibrate``, else their built-in profile).
+    """
+    t0 = time.perf_counter()
+    demo = Demo(dict(sizes or SIZES), mesh=mesh, hardware=hardware, execute=execute, repeats=repeats,
+                progress=progress, out=out, calibrate=calibrate)
     print("autolayout demo: how should each tensor dimension be split across a mesh?")
     for section in SECTIONS:
         section(demo)
     print()
+    print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(run())
+    raise SystemExit(run(out="reports/demo"))

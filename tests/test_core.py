@@ -407,13 +407,13 @@ def fake_demo(monkeypatch):
 
 def test_cli_demo_runs(fake_demo, capsys):
     calls = []
-    fake_demo(lambda: calls.append(1))
+    fake_demo(lambda **options: calls.append(1))
     assert cli.main(["demo"]) == 0
     assert calls == [1]
 
 
 def test_cli_error_is_one_line(fake_demo, capsys):
-    def run():
+    def run(**options):
         Layout("batch:all;hidden:all").validate(MLP, "all:8")
 
     fake_demo(run)

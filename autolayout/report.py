@@ -1,0 +1,462 @@
+"""``autolayout.report(graph, mesh, layouts)``: layouts side by side, predicted and measured.
+
+Writes a directory with a self-contained ``index.html`` (PNG charts embedded as
+base64), ``report.md``, the PNGs, CSV tables and ``summary.json``:
+
+* the layouts side by side: predicted compute, communication and total time, peak memory
+  per device against the device's HBM; when executed, the measured step time, the error
+  against the unsharded reference and whether the compiled collectives match the
+  prediction;
+* a stacked bar chart of compute vs communication per layout, and memory per device
+  against the HBM line;
+* the search's result (status, objective, bound, gap, solve time);
+* predicted vs measured step time with its Spearman rank correlation (when executed);
+* the paper's §8.6 scaling chart: predicted efficiency vs mesh size of the MLP's
+  data-parallel, model-parallel and 2-D layouts.
+
+The module is callable: ``autolayout.report(...)`` is :func:`report`. ``python -m
+autolayout.report --all`` regenerates the committed reports under ``reports/``
+(the same as ``autolayout report --all``).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman
+
+__all__ = ["report", "Report", "LayoutResult", "collect", "write", "named_layouts"]
+
+
+@dataclass
+class LayoutResult:
+    """One layout of a report: its prediction on the target hardware and, when run, its execution."""
+
+    name: str
+    layout: Any
+    cost: Any = None        # costmodel.Cost on the report's hardware
+    execution: Any = None   # exec.Execution on the local devices
+    error: str = ""         # why it could not be predicted or executed
+
+    @property
+    def measured_s(self) -> float:
+        return self.execution.step_time_s if self.execution is not None else math.nan
+
+    @property
+    def local_predicted_s(self) -> float:
+        """Prediction for the devices it ran on (the execution's hardware profile)."""
+        return self.execution.predicted.time_s if self.execution is not None else math.nan
+
+
+@dataclass
+class Report:
+    """What :func:`report` found and where it wrote it (``path``)."""
+
+    graph: Any
+    mesh: Any
+    hardware: Any
+    results: list[LayoutResult]
+    search: Any = None
+    search_note: str = ""
+    measure_hardware: Any = None
+    execute_note: str = ""
+    scaling: Any = None
+    path: Path | None = None
+    platform: str = ""
+    title: str = ""
+    intro: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def executed(self) -> list[LayoutResult]:
+        return [r for r in self.results if r.execution is not None]
+
+    @property
+    def spearman(self) -> float:
+        ex = self.executed
+        return spearman([r.local_predicted_s for r in ex], [r.measured_s for r in ex])
+
+    def table(self) -> Any:
+        """The layouts side by side, raw numbers (a DataFrame)."""
+        import pandas as pd
+
+        rows = []
+        for r in self.results:
+            c = r.cost
+            row = {"name": r.name, "layout": str(r.layout),
+                   "compute_ms": c.compute_s * 1e3 if c else math.nan,
+                   "comm_ms": c.comm_s * 1e3 if c else math.nan,
+                   "time_ms": c.time_s * 1e3 if c else math.nan,
+                   "memory_MiB": c.memory_bytes / 2**20 if c else math.nan,
+                   "fits": bool(c.fits) if c else None}
+            if self.executed:
+                ex = r.execution
+                row.update({
+                    "local_predicted_ms": r.local_predicted_s * 1e3, "measured_ms": r.measured_s * 1e3,
+                    "max_abs_error": ex.max_abs_error if ex else math.nan,
+                    "collectives_match": bool(ex.collectives_match) if ex else None,
+                    "compile_s": ex.compile_s if ex else math.nan})
+            row["error"] = r.error
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def _repr_html_(self) -> str:
+        where = f" written to <code>{self.path}</code>" if self.path else ""
+        return f"<p>autolayout report{where}: {len(self.results)} layouts.</p>" + _display_table(self).to_html(index=False)
+
+    def __repr__(self) -> str:
+        return f"<Report {self.title!r}: {len(self.results)} layouts, path={str(self.path)!r}>"
+
+
+# --------------------------------------------------------------------------- collect
+def named_layouts(layouts: Any) -> list[tuple[str, Any]]:
+    """``[(name, Layout)]`` from a layout, a list of layouts or ``(name, layout)`` pairs, or a
+    mapping name -> layout."""
+    from autolayout.core import Layout
+
+    if layouts is None:
+        return []
+    if isinstance(layouts, (str, Layout)):
+        layouts = [layouts]
+    items = list(layouts.items()) if isinstance(layouts, Mapping) else list(layouts)
+    out, seen = [], set()
+    for item in items:
+        # a 2-tuple whose first item is a string is (name, layout); wrap a layout written as
+        # pairs in Layout(...) or write it as a string
+        name, lay = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else (None, item)
+        lay = Layout.coerce(lay)
+        name = name or short_layout(lay, 40)
+        if name in seen:
+            continue
+        seen.add(name)
+        out.append((name, lay))
+    return out
+
+
+def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
+            search: bool = True, measure_hardware: Any = None, scaling: bool = True, repeats: int = 3,
+            progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None,
+            devices: Sequence[Any] | None = None) -> Report:
+    """Predict, search and execute; everything :func:`write` needs (no files written)."""
+    from autolayout.core import Mesh
+    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.predict import predict
+    from autolayout.reporting.progress import Progress
+
+    hw = get_hardware(hardware)
+    mesh = Mesh.parse(mesh)
+    rep = Report(graph=graph, mesh=mesh, hardware=hw, results=[])
+    pairs = named_layouts(layouts)
+    if search:
+        try:
+            from autolayout.search import search as run_search
+        except ImportError as exc:
+            rep.search_note = f"search unavailable in this installation ({exc})"
+        else:
+            try:
+                rep.search = run_search(graph, mesh, hardware=hw, memory_limit=memory_limit,
+                                        time_limit_s=time_limit_s)
+            except ValueError as exc:
+                rep.search_note = f"search found no layout: {' '.join(str(exc).split())}"
+        if rep.search is not None:
+            found = rep.search.layout
+            same = [i for i, (_, lay) in enumerate(pairs) if lay.canonical() == found.canonical()]
+            if same:
+                name, lay = pairs[same[0]]
+                pairs[same[0]] = (f"{name} (searched)", lay)
+            else:
+                pairs.insert(0, ("searched", found))
+    for name, lay in pairs:
+        res = LayoutResult(name, lay)
+        try:
+            res.cost = predict(graph, mesh, lay, hw)
+        except ValueError as exc:
+            res.error = " ".join(str(exc).split())
+        rep.results.append(res)
+    if execute:
+        _execute_all(rep, measure_hardware, repeats, progress, devices, Progress)
+    if scaling:
+        from autolayout.reporting.paper import mlp_scaling
+        rep.scaling = mlp_scaling(hw)
+    return rep
+
+
+def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: bool, devices: Any,
+                 Progress: Any) -> None:
+    try:
+        from autolayout.exec import execute as run
+    except ImportError as exc:
+        rep.execute_note = f"execution unavailable in this installation ({exc})"
+        return
+    from autolayout.reporting.devices import devices_for
+
+    if devices is None:
+        devices, note = devices_for(rep.mesh.size)
+        if devices is None:
+            rep.execute_note = note
+            return
+        if note:
+            rep.notes.append(note)
+    rep.platform = str(getattr(devices[0], "platform", "")).upper() if devices else ""
+    rep.measure_hardware = _measure_hardware(rep, measure_hardware, devices)
+    todo = [r for r in rep.results if r.cost is not None]
+    with Progress(len(todo), "executing", enabled=progress) as bar:
+        for r in todo:
+            bar.start(r.name)
+            try:
+                r.execution = run(rep.graph, rep.mesh, r.layout, hardware=rep.measure_hardware,
+                                  repeats=repeats, devices=devices)
+                note = f"{r.execution.step_time_s * 1e3:.1f} ms, collectives " + \
+                       ("match" if r.execution.collectives_match else "MISMATCH")
+            except (ValueError, NotImplementedError) as exc:
+                r.error = "execution failed: " + " ".join(str(exc).split())
+                note = "failed"
+            bar.advance(note)
+
+
+def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
+    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.reporting.devices import platform_hardware
+
+    if measure_hardware is None:
+        return platform_hardware(devices)
+    if isinstance(measure_hardware, str) and measure_hardware == "calibrate":
+        try:
+            from autolayout.reporting.devices import calibrated
+            hw, why = calibrated(rep.mesh, devices, quick=True)
+            if why:
+                rep.notes.append(why)
+            return hw
+        except (ImportError, NotImplementedError, TypeError) as exc:
+            rep.notes.append(f"calibration unavailable ({type(exc).__name__}: {exc}); "
+                             "using the built-in profile of these devices")
+            return platform_hardware(devices)
+    return get_hardware(measure_hardware)
+
+
+# ----------------------------------------------------------------------------- write
+def _display_table(rep: Report) -> Any:
+    import pandas as pd
+
+    rows = []
+    hbm = rep.hardware.hbm_bytes
+    for r in rep.results:
+        c, ex = r.cost, r.execution
+        row = {"layout": r.name, "rules": short_layout(r.layout, 56)}
+        if c is not None:
+            row.update({"compute": fmt_time(c.compute_s), "communication": fmt_time(c.comm_s),
+                        "time": fmt_time(c.time_s),
+                        "memory / device": fmt_bytes(c.memory_bytes) + ("" if c.fits else " (over HBM)"),
+                        "% of HBM": f"{c.memory_bytes / hbm:.1%}"})
+        else:
+            row.update({"compute": "", "communication": "", "time": "", "memory / device": "", "% of HBM": ""})
+        if rep.executed:
+            row.update({"measured": fmt_time(r.measured_s) if ex else "",
+                        "predicted here": fmt_time(r.local_predicted_s) if ex else "",
+                        "max |error|": f"{ex.max_abs_error:.2g}" if ex else "",
+                        "collectives": ("match" if ex.collectives_match else "MISMATCH") if ex else ""})
+        row["note"] = r.error
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if not any(df["note"]):
+        df = df.drop(columns="note")
+    if rep.executed and rep.measure_hardware is not None and rep.measure_hardware.name == rep.hardware.name:
+        df = df.drop(columns="predicted here")  # the same numbers as "time"
+    return df
+
+
+def default_intro(rep: Report) -> str:
+    """One paragraph: what the report shows, computed from its numbers."""
+    g, ok = rep.graph, [r for r in rep.results if r.cost is not None]
+    parts = [f"This report compares {len(rep.results)} layouts of `{g.name}` ({g.num_params():,} parameters, "
+             f"{g.flops():.3g} model FLOPs per step) on mesh `{rep.mesh}` ({rep.mesh.size} devices) under the "
+             f"`{rep.hardware.name}` hardware profile: predicted compute and communication time per step and "
+             f"peak memory per device against the {fmt_bytes(rep.hardware.hbm_bytes)} of HBM."]
+    if ok:
+        best = min(ok, key=lambda r: r.cost.time_s)
+        worst = max(ok, key=lambda r: r.cost.time_s)
+        parts.append(f"The fastest predicted layout is `{best.name}` at {fmt_time(best.cost.time_s)} per step"
+                     + (f", {worst.cost.time_s / best.cost.time_s:.2f}x faster than `{worst.name}`."
+                        if worst is not best else "."))
+    if rep.search is not None:
+        s = rep.search
+        parts.append(f"The CP-SAT search returned {s.status} (gap {s.gap:.1%}) in {s.solve_time_s:.2f} s.")
+    ex = rep.executed
+    if ex:
+        matched = sum(bool(r.execution.collectives_match) for r in ex)
+        err = max(r.execution.max_abs_error for r in ex)
+        rho = rep.spearman
+        parts.append(
+            f"Executed on {rep.mesh.size} local {rep.platform} devices, the outputs differ from the unsharded "
+            f"reference by at most {err:.2g} (absolute); the compiled collectives matched the predicted "
+            f"ones for {matched} of {len(ex)} layouts, and predicted ({rep.measure_hardware.name} profile) and "
+            f"measured step times rank with Spearman rho = {'n/a' if rho != rho else f'{rho:.2f}'}.")
+    return " ".join(parts)
+
+
+def build_page(rep: Report, title: str | None = None, intro: str | None = None, command: str = "") -> Any:
+    """The report as a :class:`~autolayout.reporting.page.Page` (not yet written)."""
+    from autolayout.reporting import plots
+    from autolayout.reporting.page import Page
+
+    rep.title = title or f"Layouts of {rep.graph.name} on {rep.mesh}"
+    rep.intro = intro or default_intro(rep)
+    page = Page(rep.title, rep.intro, command=command)
+    ok = [r for r in rep.results if r.cost is not None]
+
+    page.heading("Layouts side by side")
+    page.paragraph(f"Predicted per device on `{rep.hardware.name}` (compute, communication, total time per step "
+                   f"and peak memory; HBM {fmt_bytes(rep.hardware.hbm_bytes)})"
+                   + (". Measured columns come from running each layout with `autolayout.execute` on the local "
+                      f"devices, predicted there with the `{rep.measure_hardware.name}` profile."
+                      if rep.executed else "."))
+    page.table(rep.table(), "layouts", "Layouts", display=_display_table(rep))
+    for note in rep.notes + [n for n in (rep.execute_note, rep.search_note) if n]:
+        page.paragraph("Note: " + note)
+    if ok:
+        names = [r.name for r in ok]
+        page.image(plots.time_bars(names, [r.cost.compute_s for r in ok], [r.cost.comm_s for r in ok],
+                                   title=f"Predicted step time on {rep.hardware.name}"),
+                   "time", "Predicted time per step: compute (blue) and communication (orange) per layout.")
+        page.image(plots.memory_bars(names, [r.cost.memory_bytes for r in ok], rep.hardware.hbm_bytes,
+                                     [r.cost.memory for r in ok], title=f"Peak memory per device on {rep.hardware.name}"),
+                   "memory", "Predicted peak memory per device by kind, against the device's HBM (dashed line).")
+
+    page.heading("Search")
+    if rep.search is not None:
+        s = rep.search
+        import pandas as pd
+        df = pd.DataFrame([{"status": s.status, "layout": str(s.layout), "objective_ms": s.objective * 1e3,
+                            "bound_ms": s.bound * 1e3, "gap": s.gap, "solve_time_s": s.solve_time_s,
+                            "variables": s.num_variables, "constraints": s.num_constraints}])
+        disp = pd.DataFrame([{"status": s.status, "layout": short_layout(s.layout, 56),
+                              "objective": fmt_time(s.objective), "bound": fmt_time(s.bound),
+                              "gap": f"{s.gap:.2%}", "solve time": f"{s.solve_time_s:.2f} s",
+                              "variables": s.num_variables, "constraints": s.num_constraints}])
+        page.paragraph("The CP-SAT model is exact with respect to the cost model: its objective is the predicted "
+                       "step time of the layout it returns; the bound proves no layout is faster than "
+                       "bound (gap = (objective - bound) / objective).")
+        page.table(df, "search", "Search result", display=disp)
+        page.code(str(s.layout) or "(replicated)")
+    else:
+        page.paragraph(rep.search_note or "The search was not run (search=False).")
+
+    ex = rep.executed
+    if ex:
+        page.heading("Predicted vs measured")
+        rho = rep.spearman
+        page.paragraph(
+            f"Each point is one layout run on {rep.mesh.size} local devices: predicted step time with the "
+            f"`{rep.measure_hardware.name}` profile against the median measured step time. What matters for "
+            f"choosing layouts is the order: Spearman rank correlation rho = "
+            f"{'n/a (fewer than 3 layouts)' if rho != rho else f'{rho:.2f}'}. On virtual CPU devices the absolute "
+            "times validate the pipeline and a calibrated CPU profile, not a TPU's speed.")
+        page.image(plots.scatter([r.local_predicted_s for r in ex], [r.measured_s for r in ex],
+                                 [r.name for r in ex], rho), "predicted_vs_measured",
+                   "Predicted vs measured step time per layout (log-log; dotted line: equal).")
+        bad = [r for r in ex if not r.execution.collectives_match]
+        for r in bad:
+            page.paragraph(f"Collectives of {r.name} differ from the prediction:")
+            page.code(r.execution.collective_diff())
+
+    if rep.scaling is not None:
+        page.heading("Scaling (paper §8.6)")
+        page.paragraph(
+            f"The paper's MLP under growing meshes, predicted on `{rep.scaling.hardware.iloc[0]}`: n = k² devices "
+            "with batch and "
+            "hidden scaled linearly with k. Data- and model-parallel layouts lose efficiency as n grows (their "
+            "communication/computation ratio is n/b and n/d_h); the 2-D layout batch:rows;hidden:cols keeps it "
+            "(c/d_h + r/b stays constant) — processors grow quadratically while batch and hidden grow linearly. "
+            "The 3-D layout on k³ devices scales batch, hidden and io linearly.")
+        page.image(plots.scaling_lines(rep.scaling, f"Predicted efficiency on {rep.scaling.hardware.iloc[0]} "
+                                                    "(paper §8.6)"),
+                   "scaling", "Predicted model-FLOPs utilisation vs devices (hollow: does not fit in HBM).")
+        page.table(rep.scaling, "scaling", "Scaling data", display=_scaling_display(rep.scaling))
+
+    page.summary = {
+        "title": rep.title, "graph": rep.graph.name, "mesh": str(rep.mesh), "hardware": rep.hardware.name,
+        "layouts": {r.name: {"layout": str(r.layout), "time_s": r.cost.time_s if r.cost else None,
+                             "memory_bytes": r.cost.memory_bytes if r.cost else None,
+                             "measured_s": r.measured_s if r.execution else None,
+                             "collectives_match": bool(r.execution.collectives_match) if r.execution else None,
+                             "error": r.error} for r in rep.results},
+        "search": ({"status": rep.search.status, "layout": str(rep.search.layout), "gap": rep.search.gap,
+                    "solve_time_s": rep.search.solve_time_s} if rep.search is not None else None),
+        "spearman": rep.spearman if ex else None,
+    }
+    return page
+
+
+def _scaling_display(df: Any) -> Any:
+    out = df[["layout_family", "mesh", "batch", "d_hidden", "d_io", "efficiency", "time_ms", "fits"]].copy()
+    out["efficiency"] = [f"{e:.1%}" for e in out.efficiency]
+    out["time_ms"] = [f"{t:.3g}" for t in out.time_ms]
+    return out
+
+
+def write(rep: Report, out: str | Path, title: str | None = None, intro: str | None = None,
+          command: str = "") -> Report:
+    """Write ``rep`` under ``out``; returns it with ``path`` set."""
+    page = build_page(rep, title, intro, command)
+    rep.path = page.write(out)
+    return rep
+
+
+def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
+           search: bool = True, out: str | Path = "reports/report", title: str | None = None,
+           intro: str | None = None, measure_hardware: Any = None, scaling: bool = True, repeats: int = 3,
+           progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None) -> Report:
+    """Compare ``layouts`` of ``graph`` on ``mesh`` and write a report directory ``out``.
+
+    Args:
+        graph: a traced graph (``autolayout.trace`` or :mod:`autolayout.models`).
+        mesh: anything :class:`~autolayout.core.Mesh` accepts (``"rows:2,cols:4"``).
+        layouts: a layout, a list of layouts (strings or :class:`~autolayout.core.Layout`),
+            ``(name, layout)`` pairs or a mapping name -> layout.
+        hardware: the profile predictions are priced on (name, Hardware or JSON path).
+        execute: also run each layout on the local devices (``autolayout.execute``) and
+            compare; skipped with a note when the mesh has more devices than jax has.
+        search: also run ``autolayout.search`` and add its layout (``"searched"``).
+        out: the directory to write (``index.html``, ``report.md``, PNGs, CSVs).
+        title, intro: override the title and the opening paragraph (computed by default).
+        measure_hardware: the profile that prices the executed runs: default the built-in
+            profile of the local devices; ``"calibrate"`` measures one with
+            ``autolayout.calibrate``; or a name, Hardware or JSON path.
+        scaling: include the paper's §8.6 scaling chart (predicted on ``hardware``).
+
+    Example::
+
+        g = autolayout.models.mlp(batch=1024, d_io=256, d_hidden=1024)
+        r = autolayout.report(g, "rows:2,cols:4", ["batch:rows,cols", "batch:rows;hidden:cols"],
+                              out="reports/mlp")
+        r.path / "index.html"
+    """
+    rep = collect(graph, mesh, layouts, hardware=hardware, execute=execute, search=search,
+                  measure_hardware=measure_hardware, scaling=scaling, repeats=repeats, progress=progress,
+                  time_limit_s=time_limit_s, memory_limit=memory_limit)
+    return write(rep, out, title, intro)
+
+
+# `autolayout.report(...)` calls report(); `autolayout.report.write` etc. stay reachable.
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Report:
+        return report(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autolayout.report [--all] ...``: the ``autolayout report`` command."""
+    from autolayout import cli
+
+    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Formatting shared by the command line, the demo and the reports."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["parse_bytes", "fmt_bytes", "fmt_time", "fmt_num", "short_layout", "text_table", "spearman",
+           "SizeError"]
+
+
+class SizeError(ValueError):
+    """A memory size that cannot be read (e.g. ``"16 parsecs"``)."""
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+}
+
+
+def parse_bytes(text: Any) -> float:
+    """A memory size in bytes: ``"16GiB"``, ``"16 GB"``, ``"512MiB"``, ``"1.5e9"``, ``1e9``, ``"inf"``.
+
+    Decimal units (KB, MB, GB, TB) are powers of 10, binary ones (KiB, MiB,
+    GiB, TiB) powers of 2; case is ignored.
+
+    >>> parse_bytes("16GiB"), parse_bytes("2 GB"), parse_bytes("inf")
+    (17179869184.0, 2000000000.0, inf)
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        s = str(text).strip()
+        if s.lower() in ("inf", "infinity", "none", "unlimited"):
+            return math.inf
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", s)
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise SizeError(
+                f"cannot read memory size {text!r}: expected a number with an optional unit "
+                "B, KB, MB, GB, TB (powers of 10) or KiB, MiB, GiB, TiB (powers of 2), e.g. '16GiB'")
+        value = float(m.group(1)) * _UNITS[unit]
+    if not value > 0:
+        raise SizeError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536 -> '1.50 KiB'``; binary units, 3 significant digits."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return ""
+    if math.isinf(n):
+        return "inf"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_time(s: float) -> str:
+    """Seconds in the unit that reads best: ``0.00123 -> '1.23 ms'``."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return ""
+    if s == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(s) >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s:.3g} s"
+
+
+def fmt_num(x: float, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{x:.{digits}g}"
+
+
+def short_layout(layout: Any, limit: int = 60) -> str:
+    """A layout as text that fits a table cell.
+
+    Weight-update sharding entries are summarised (``"| WUS: 15 params over rows,cols"``)
+    and the replicated layout reads ``(replicated)``.
+    """
+    from autolayout.core import Layout
+
+    lay = Layout.coerce(layout)
+    text = str(Layout(lay.rules)) or "(replicated)"
+    if lay.update_sharding:
+        groups: dict[tuple[str, ...], int] = {}
+        for _, axes in lay.update_sharding:
+            groups[axes] = groups.get(axes, 0) + 1
+        parts = [f"{n} param{'s' * (n != 1)} over {','.join(axes)}" for axes, n in groups.items()]
+        text += " | WUS: " + "; ".join(parts)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def text_table(rows: Sequence[Sequence[Any]], head: Sequence[str], align: str | None = None,
+               indent: str = "  ") -> str:
+    """Rows under a header, columns padded; ``align`` has one ``<`` or ``>`` per column."""
+    align = align or "<" + ">" * (len(head) - 1)
+    cells = [tuple(str(c) for c in head)] + [tuple("" if c is None else str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = []
+    for k, row in enumerate(cells):
+        lines.append(indent + "  ".join(c.ljust(w) if a == "<" else c.rjust(w)
+                                        for c, w, a in zip(row, widths, align)).rstrip())
+        if k == 0:
+            lines.append(indent + "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Average ranks (ties share the mean of their positions), as Spearman needs."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation of paired values (NaN pairs dropped; NaN if < 3 pairs or constant).
+
+    >>> spearman([1, 2, 3, 4], [10, 20, 25, 100])
+    1.0
+    """
+    pairs = [(float(a), float(b)) for a, b in zip(x, y)
+             if a is not None and b is not None and not (math.isnan(float(a)) or math.isnan(float(b)))]
+    if len(pairs) < 3:
+        return math.nan
+    rx, ry = _ranks([a for a, _ in pairs]), _ranks([b for _, b in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    if vx == 0 or vy == 0:
+        return math.nan
+    return cov / math.sqrt(vx * vy)

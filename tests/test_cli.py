@@ -1,0 +1,257 @@
+"""The ``autolayout`` command line: every subcommand at small sizes, --json, one-line errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autolayout import cli
+
+MLP = ["mlp", "--batch", "64", "--d-io", "32", "--d-hidden", "128"]
+MESH = ["--mesh", "rows:2,cols:4"]
+SUBCOMMANDS = ["demo", "predict", "search", "execute", "report", "calibrate", "table1", "hardware"]
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``autolayout ARGS`` run in-process."""
+    try:
+        code = cli.main(args)
+    except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(args: list[str], capsys) -> object:
+    code, out, err = run(args + ["--json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code not in (0, None)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("autolayout")
+    assert "error:" in lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# ------------------------------------------------------------------------------ help
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_help_with_examples(command, capsys):
+    code, out, _ = run([command, "--help"], capsys)
+    assert code == 0
+    assert f"autolayout {command}" in out and "examples:" in out
+
+
+def test_model_commands_list_model_options_in_help(capsys):
+    _, out, _ = run(["search", "--help"], capsys)
+    assert "--d-model=64" in out and "transformer_lm" in out and "--d-hidden=2048" in out
+
+
+def test_top_level_help_and_version(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0 and all(c in out for c in SUBCOMMANDS)
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.startswith("autolayout ")
+
+
+# --------------------------------------------------------------------------- predict
+def test_predict_json_and_table(capsys):
+    data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows;hidden:cols"], capsys)
+    assert data["layout"] == "batch:rows;hidden:cols" and data["mesh"] == "rows:2,cols:4"
+    assert data["time_s"] == pytest.approx(data["compute_s"] + data["comm_s"])
+    assert data["hardware"] == "tpu-v3" and data["collectives"]
+    code, out, _ = run(["predict", *MLP, *MESH, "--layout", "batch:rows", "--layout", "hidden:cols",
+                        "--hardware", "tpu-v4", "--per-op", "3"], capsys)
+    assert code == 0 and "batch:rows" in out and "hidden:cols" in out and "slowest ops" in out
+
+
+def test_predict_several_layouts_json_is_a_list(capsys):
+    data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows", "--layout", ""], capsys)
+    assert [d["layout"] for d in data] == ["batch:rows", ""]
+
+
+def test_model_sizes_come_from_the_zoo_signature(capsys):
+    data = run_json(["predict", "transformer_lm", "--d-model", "32", "--d-ff", "64", "--heads", "2", "--d-kv", "8",
+                     "--n-layers", "1", "--vocab", "64", "--batch", "8", "--length", "8", "--no-train",
+                     "--mesh", "all:2", "--layout", "batch:all"], capsys)
+    assert data["layout"] == "batch:all"
+
+
+# ---------------------------------------------------------------------------- search
+def test_search_json(capsys):
+    data = run_json(["search", "mlp", "--batch", "4096", "--d-io", "512", "--d-hidden", "2048", "--mesh",
+                     "rows:4,cols:2", "--hardware", "tpu-v4", "--memory-limit", "16GiB"], capsys)
+    assert data["status"] == "OPTIMAL" and data["gap"] == 0
+    assert data["cost"]["time_s"] == pytest.approx(data["objective_s"], rel=1e-3)
+    assert data["num_variables"] > 0
+
+
+def test_search_over_mesh_shapes(capsys):
+    data = run_json(["search", *MLP, "--num-devices", "8", "--no-weight-update-sharding"], capsys)
+    assert {m["mesh"] for m in data["meshes"]} == {"all:8", "rows:4,cols:2", "rows:2,cols:2,planes:2"}
+    code, out, _ = run(["search", *MLP, "--num-devices", "8"], capsys)
+    assert code == 0 and "meshes tried" in out and "best layout" in out
+
+
+# ------------------------------------------------------------------ execute, report
+def test_execute_json_validates(capsys):
+    data = run_json(["execute", *MLP, *MESH, "--layout", "batch:rows;hidden:cols", "--repeats", "1", "--strict"],
+                    capsys)
+    assert data["collectives_match"] is True and data["ok"] is True
+    assert data["max_abs_error"] < 1e-4 and data["step_time_s"] > 0
+    assert {row["quantity"] for row in data["comparison"]} >= {"step time s", "flops per device"}
+
+
+def test_execute_table(capsys):
+    code, out, _ = run(["execute", *MLP, *MESH, "--layout", "hidden:cols", "--repeats", "1"], capsys)
+    assert code == 0 and "collectives: match" in out and "max abs error" in out
+
+
+def test_report_writes_html(tmp_path, capsys):
+    out = tmp_path / "rep"
+    data = run_json(["report", *MLP, *MESH, "--layouts", "batch:rows,cols", "batch:rows;hidden:cols", "--out",
+                     str(out), "--repeats", "1", "--no-scaling", "--quiet"], capsys)
+    assert (out / "index.html").is_file() and (out / "report.md").is_file()
+    assert data["index"] == str(out / "index.html")
+    assert len(data["layouts"]) >= 2 and data["spearman"] is not None
+
+
+# ------------------------------------------------------------- calibrate, table1, hw
+def test_calibrate_writes_a_profile_predict_can_use(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    data = run_json(["calibrate", *MESH, "--quick", "--out", str(profile)], capsys)
+    assert profile.is_file() and data["peak_flops"]["float32"] > 0
+    data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", str(profile)], capsys)
+    assert data["hardware"].startswith("calibrated")
+
+
+def test_table1(capsys):
+    rows = run_json(["table1", "--batch", "256", "--d-io", "64", "--d-hidden", "256"], capsys)
+    assert [r["layout"] for r in rows][1:3] == ["batch:all", "hidden:all"]
+    assert all(r["comp_ratio"] == pytest.approx(12) for r in rows)
+    code, out, _ = run(["table1"], capsys)
+    assert code == 0 and "Table 1" in out
+
+
+def test_hardware_list_and_show(capsys):
+    code, out, _ = run(["hardware"], capsys)
+    assert code == 0 and "tpu-v4" in out and "h100" in out
+    data = run_json(["hardware", "v5p"], capsys)
+    assert data["name"] == "tpu-v5p"
+
+
+def test_demo_without_execution(tmp_path, capsys):
+    code, out, _ = run(["demo", "--no-execute", "--no-calibrate", "--hardware", "tpu-v4", "--out", str(tmp_path)],
+                       capsys)
+    assert code == 0
+    assert "5. Search" in out and "skipped (--no-execute)" in out
+    assert (tmp_path / "index.html").is_file()
+
+
+# ------------------------------------------------------------------- model sources
+def test_model_from_json_and_yaml_config(tmp_path, capsys):
+    cfg = tmp_path / "model.json"
+    cfg.write_text(json.dumps({"model": "mlp", "sizes": {"batch": 64, "d_io": 32, "d_hidden": 128}}))
+    data = run_json(["predict", str(cfg), *MESH, "--layout", "batch:rows"], capsys)
+    assert data["layout"] == "batch:rows"
+    # command-line options override the file
+    data = run_json(["predict", str(cfg), "--batch", "128", *MESH, "--layout", "batch:rows,cols"], capsys)
+    assert data["layout"] == "batch:rows,cols"
+    pytest.importorskip("yaml")
+    yml = tmp_path / "model.yaml"
+    yml.write_text("model: mlp\nbatch: 64\nd_io: 32\nd_hidden: 128\n")
+    assert run_json(["predict", str(yml), *MESH, "--layout", "hidden:cols"], capsys)["layout"] == "hidden:cols"
+
+
+def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_models.py").write_text(textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        import autolayout
+
+        def tiny(batch: int = 16, width: int = 32):
+            f32 = jnp.float32
+            return autolayout.trace(lambda x, w: jnp.tanh(x @ w).sum(),
+                                    jax.ShapeDtypeStruct((batch, width), f32),
+                                    jax.ShapeDtypeStruct((width, width), f32),
+                                    dims=("batch io", "io hidden"), roles=("input", "param"), name="tiny")
+
+        def not_a_graph():
+            return 42
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = run_json(["predict", "my_models:tiny", "--batch", "64", "--mesh", "all:8", "--layout", "batch:all"],
+                    capsys)
+    assert data["layout"] == "batch:all"
+    code, _, err = run(["predict", "my_models:not_a_graph", "--mesh", "all:8"], capsys)
+    assert_one_line_error(code, err, "returned int, not an autolayout Graph")
+    code, _, err = run(["predict", "my_models:missing", "--mesh", "all:8"], capsys)
+    assert_one_line_error(code, err, "has no function 'missing'")
+    code, _, err = run(["predict", "no_such_module_xyz:f", "--mesh", "all:8"], capsys)
+    assert_one_line_error(code, err, "cannot import module 'no_such_module_xyz'")
+
+
+# -------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("args, needles", [
+    (["search", "transfomer_lm", *MESH], ["unknown model 'transfomer_lm'", "Did you mean 'transformer_lm'?"]),
+    (["predict", *MLP, "--mesh", "rows:x", "--layout", "batch:rows"], ["--mesh", "rows:x"]),
+    (["predict", *MLP, *MESH, "--layout", "batch:rows;batch:cols"], ["batch"]),
+    (["predict", *MLP, *MESH, "--layout", "batch:nope"], ["nope"]),
+    (["predict", *MLP, "--mesh", "all:8", "--layout", "batch:all;hidden:all"], ["'batch'", "'hidden'", "all"]),
+    (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "tpu-v9"], ["Unknown hardware 'tpu-v9'"]),
+    (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "missing.json"], ["missing.json"]),
+    (["search", *MLP, *MESH, "--memory-limit", "16 parsecs"], ["cannot read memory size '16 parsecs'"]),
+    (["search", *MLP, *MESH, "--memory-limit", "1KiB"], ["memory_limit"]),
+    (["search", *MLP], ["--mesh", "--num-devices"]),
+    (["search", *MLP, *MESH, "--depth", "3"], ["unrecognized", "--depth"]),
+    (["predict", "mlp", "--batch", "many", *MESH], ["--batch", "many"]),
+    (["predict", *MLP], ["--mesh"]),
+    (["table1", "--batch", "0"], ["--batch"]),
+    (["hardware", "--bogus"], ["unrecognized", "--bogus"]),
+    (["frobnicate"], ["frobnicate"]),
+    (["report", *MESH], ["MODEL"]),
+    (["report", "--all", "--only", "nope", "--out", "/tmp/autolayout-test-nope"], ["unknown report", "nope"]),
+    (["predict", "missing.json", *MESH], ["config file 'missing.json' does not exist"]),
+    (["execute", *MLP, "--mesh", "all:64", "--layout", "batch:all"], ["64 devices"]),
+])
+def test_bad_arguments_give_one_line_errors(args, needles, capsys):
+    code, _, err = run(args, capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_bad_config_files(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = run(["predict", str(bad), *MESH], capsys)
+    assert_one_line_error(code, err, "cannot read JSON config")
+    nomodel = tmp_path / "nomodel.json"
+    nomodel.write_text('{"sizes": {}}')
+    code, _, err = run(["predict", str(nomodel), *MESH], capsys)
+    assert_one_line_error(code, err, "'model' key")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"model": "mlp", "depth": 3}')
+    code, _, err = run(["predict", str(wrong), *MESH], capsys)
+    assert_one_line_error(code, err, "has no parameter(s) ['depth']")
+
+
+def test_console_script_errors_without_traceback():
+    """The installed entry point, in a fresh process: a library error is one line on stderr."""
+    proc = subprocess.run([sys.executable, "-m", "autolayout.cli", "predict", "mlp", "--mesh", "all:8",
+                           "--layout", "batch:all;hidden:all"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("autolayout: error:")
+
+
+def test_python_m_report_is_the_report_command():
+    proc = subprocess.run([sys.executable, "-m", "autolayout.report", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "--all" in proc.stdout and "Traceback" not in proc.stderr
