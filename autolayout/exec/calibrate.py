@@ -48,6 +48,15 @@ def _median_time(fn: Any, args: Sequence[Any], repeats: int) -> float:
     return statistics.median(times)
 
 
+def _per_iter(t_lo: float, t_hi: float, lo: int, hi: int) -> float:
+    """Time of one loop iteration from runs of ``lo`` and ``hi`` iterations. The difference
+    cancels fixed launch costs; when it is lost in noise (8 devices share the host's cores,
+    and other work may load them) it is not trusted and the plain ``t_hi / hi`` (an upper
+    bound, so a conservative rate) is used instead of dividing by almost nothing."""
+    diff = (t_hi - t_lo) / (hi - lo)
+    return diff if t_hi - t_lo > 0.1 * t_hi else t_hi / hi
+
+
 def _model_terms(kind: str, nbytes: float, n: int) -> tuple[float, float]:
     """``(steps, coef * V)`` of the cost model's formula for one collective."""
     if kind == "all-gather":
@@ -135,7 +144,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
 
         f, x = run_local(mm, (n, n))
         lo, hi = 1, 4 if quick else 8
-        t = (_median_time(f, (x, hi), repeats) - _median_time(f, (x, lo), repeats)) / (hi - lo)
+        t = _per_iter(_median_time(f, (x, lo), repeats), _median_time(f, (x, hi), repeats), lo, hi)
         rate = 2 * n ** 3 / max(t, 1e-9)
         notes.append(f"matmul {n}: {rate / 1e9:.2f} GFLOP/s per device")
         rates.append(rate)
@@ -150,7 +159,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         return lax.fori_loop(0, k, lambda i, y: y * 0.999 + 0.001, x)
 
     f, x = run_local(stream, (rows, 1024))
-    t = (_median_time(f, (x, 5), repeats) - _median_time(f, (x, 1), repeats)) / 4
+    t = _per_iter(_median_time(f, (x, 1), repeats), _median_time(f, (x, 5), repeats), 1, 5)
     hbm_bw = 2 * rows * 1024 * 4 / max(t, 1e-9)
     notes.append(f"stream {rows * 1024 * 4 / 2**20:.0f} MiB: {hbm_bw / 1e9:.2f} GB/s per device")
 
@@ -179,7 +188,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
 
                 f, x = run_local(coll, (1, elems))
                 lo, hi = 1, 4 if quick else 8
-                t = (_median_time(f, (x, hi), repeats) - _median_time(f, (x, lo), repeats)) / (hi - lo)
+                t = _per_iter(_median_time(f, (x, lo), repeats), _median_time(f, (x, hi), repeats), lo, hi)
                 operand = elems * 4 // (size if kind == "all-gather" else 1)
                 samples.append((kind, float(operand), size, max(t, 1e-9)))
         alpha, bw = fit_alpha_beta(samples)
