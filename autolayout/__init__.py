@@ -18,7 +18,6 @@ and ``autolayout.search.layout`` etc. stay reachable.
 """
 from __future__ import annotations
 
-import sys
 import types
 from typing import Any
 
@@ -32,14 +31,6 @@ from autolayout.train import init_opt_state, train_step
 __version__ = "0.1.0"
 
 
-def _unavailable(what: str, exc: BaseException) -> Any:
-    def missing(*args: Any, **kwargs: Any) -> Any:
-        raise ImportError(f"autolayout.{what} is not available in this installation: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    missing.__name__ = what
-    return missing
-
-
 class _CallableModule(types.ModuleType):
     """A module that runs its ``__main_function__`` when called (``autolayout.search(g, mesh)``)."""
 
@@ -47,22 +38,16 @@ class _CallableModule(types.ModuleType):
         return getattr(self, self.__dict__.get("__main_function__", self.__name__.rpartition(".")[2]))(*args, **kwargs)
 
 
-# The search (CP-SAT via ortools) and execution layers. Imported here, not lazily, so that the
-# search module is callable however it was first imported; a broken or missing layer leaves
-# the rest of the library importable and says why when used.
-try:
-    import autolayout.search as _search_module
+# The search package doubles as the ``autolayout.search(...)`` function the API promises
+# (issue text: ``autolayout.search(graph, ...)`` and ``autolayout.search.enumerate_layouts``):
+# imported eagerly so it is callable however it was first imported. ortools and jax are
+# hard dependencies, so a failure here is a real error and is not hidden.
+import autolayout.search as _search_module  # noqa: E402
 
-    _search_module.__class__ = _CallableModule
-    from autolayout.search import layout
-except Exception as _exc:  # noqa: BLE001
-    search = layout = _unavailable("search", _exc)
-else:
-    search = _search_module
-try:
-    from autolayout.exec import calibrate, execute
-except Exception as _exc:  # noqa: BLE001
-    execute, calibrate = _unavailable("execute", _exc), _unavailable("calibrate", _exc)
+_search_module.__class__ = _CallableModule
+search = _search_module
+from autolayout.exec import calibrate, execute  # noqa: E402
+from autolayout.search import layout  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
