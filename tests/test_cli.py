@@ -165,7 +165,6 @@ def test_model_from_json_and_yaml_config(tmp_path, capsys):
     # command-line options override the file
     data = run_json(["predict", str(cfg), "--batch", "128", *MESH, "--layout", "batch:rows,cols"], capsys)
     assert data["layout"] == "batch:rows,cols"
-    pytest.importorskip("yaml")
     yml = tmp_path / "model.yaml"
     yml.write_text("model: mlp\nbatch: 64\nd_io: 32\nd_hidden: 128\n")
     assert run_json(["predict", str(yml), *MESH, "--layout", "hidden:cols"], capsys)["layout"] == "hidden:cols"

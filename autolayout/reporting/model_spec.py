@@ -5,7 +5,7 @@ Three forms:
 * a zoo name (``mlp``, ``transformer_lm``, ``moe``), whose keyword arguments become
   options generated from the function's signature (``--d-model 512 --heads 8``); sizes
   not given take :data:`ZOO_DEFAULTS` (small enough to trace in a second);
-* a JSON or YAML config file (YAML when a ``yaml`` module is importable)::
+* a JSON or YAML config file::
 
       {"model": "transformer_lm", "sizes": {"d_model": 512, "heads": 8}}
 
