@@ -91,6 +91,30 @@ def opt_state_of(graph: Graph, param: str) -> list[str]:
             and t.name.split("/", 1)[1] == param and set(t.dim_names) == set(p.dim_names)]
 
 
+def gradient_walk(graph: Graph, param: str, axes_of: dict) -> tuple[list[str], set[str]]:
+    """Walk back from ``grad/<param>`` through the ops that keep the parameter's dims
+    (elementwise sums, loop stack/result/carry, reductions over unsplit dims) to the
+    reducing ops whose split reduced dims all-reduce the gradient. Returns those ops and
+    every tensor visited. The one walk the cost model, the search and the lowering share."""
+    loop = graph.loop_dims
+    pdims = set(graph.tensor(param).dim_names) - loop
+    stack, seen, reduce_ops = ["grad/" + param], set(), []
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        op = graph.op(t)
+        if op.kind in REDUCING and any(axes_of.get(d.name) for d in op.reduced_dims):
+            reduce_ops.append(op.name)
+            continue
+        if op.kind in REDUCING or op.kind == "elementwise" or (
+                op.kind == "reshape" and op.fn in ("stack", "result", "carry")):
+            stack.extend(i for i, shape in zip(op.inputs, op.input_shapes)
+                         if {d.name for d in shape} - loop == pdims)
+    return reduce_ops, seen
+
+
 def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict[str, _UpdatePlan]:
     """Find, for each update-sharded parameter, its gradient all-reduce(s), the update
     ops and the updated parameter (seed 003: reduce-scatter -> sharded update -> all-gather)."""
@@ -113,23 +137,7 @@ def update_plan(graph: Graph, mesh: Mesh, layout: Layout, axes_of: dict) -> dict
             if d.name not in graph.loop_dims and local % plan.factor == 0:
                 plan.scatter_dim = d.name
                 break
-        stack, seen = [grad], set()
-        while stack:
-            t = stack.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            op = graph.op(t)
-            reduced = [a for d in op.reduced_dims for a in axes_of.get(d.name, ())]
-            if op.kind in REDUCING and reduced:
-                plan.reduce_ops.append(op.name)
-                continue
-            if op.kind in REDUCING or op.kind == "elementwise" or (
-                    op.kind == "reshape" and op.fn in ("stack", "result", "carry")):
-                for i, shape in zip(op.inputs, op.input_shapes):
-                    if {d.name for d in shape} | graph.loop_dims >= pdims - graph.loop_dims and \
-                            {d.name for d in shape} - graph.loop_dims == pdims - graph.loop_dims:
-                        stack.append(i)
+        plan.reduce_ops, _ = gradient_walk(graph, pname, axes_of)
         covered = set()
         for name in plan.reduce_ops:
             op = graph.op(name)

@@ -25,8 +25,7 @@ import math
 from typing import Any
 
 from autolayout.core import Layout, Mesh
-from autolayout.costmodel.predict import opt_state_of, update_plan
-from autolayout.costmodel.rules import REDUCING
+from autolayout.costmodel.predict import gradient_walk, opt_state_of, update_plan
 from autolayout.exec.local_ops import LocalOps, LoweringError, _axis_name
 from autolayout.graph import Graph, Loop, align
 
@@ -199,21 +198,7 @@ class ShardProgram(LocalOps):
         """Tensors between the plan's reducing ops and its gradient (the walk of
         :func:`~autolayout.costmodel.predict.update_plan`), run on the update shard."""
         g = self.g
-        loop_dims = g.loop_dims
-        stack, seen = ["grad/" + plan.param], set()
-        while stack:
-            t = stack.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            op = g.op(t)
-            if t in plan.reduce_ops:
-                continue
-            if op.kind in REDUCING or op.kind == "elementwise" or (
-                    op.kind == "reshape" and op.fn in ("stack", "result", "carry")):
-                for i, shape in zip(op.inputs, op.input_shapes):
-                    if {d.name for d in shape} - loop_dims == pdims - loop_dims:
-                        stack.append(i)
+        _, seen = gradient_walk(g, plan.param, self.axes_of)
         down = set(plan.reduce_ops)
         path: set[str] = set()
         carry_next = {c: n for lp in g.loops.values() for c, n in lp.carries}

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from autolayout.core import Layout, LayoutError
-from autolayout.costmodel.predict import _to_reduce_scatter, opt_state_of, update_plan
+from autolayout.costmodel.predict import _to_reduce_scatter, gradient_walk, opt_state_of, update_plan
 from autolayout.costmodel.rules import REDUCING, _collective
 from autolayout.graph import Graph
 from autolayout.search.tables import Tables, mesh_order
@@ -58,26 +58,7 @@ class WusParam:
 
 def _walk(graph: Graph, pname: str, axes_of: dict) -> tuple[list[str], set[str]]:
     """``update_plan``'s backward walk from ``grad/pname``: (reduce ops, visited ops)."""
-    pdims = set(graph.tensor(pname).dim_names)
-    loop = graph.loop_dims
-    stack, seen, reduce_ops = ["grad/" + pname], set(), []
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        op = graph.op(t)
-        reduced = [a for d in op.reduced_dims for a in axes_of.get(d.name, ())]
-        if op.kind in REDUCING and reduced:
-            reduce_ops.append(op.name)
-            continue
-        if op.kind in REDUCING or op.kind == "elementwise" or (
-                op.kind == "reshape" and op.fn in ("stack", "result", "carry")):
-            for i, shape in zip(op.inputs, op.input_shapes):
-                names = {d.name for d in shape}
-                if names | loop >= pdims - loop and names - loop == pdims - loop:
-                    stack.append(i)
-    return reduce_ops, seen
+    return gradient_walk(graph, pname, axes_of)
 
 
 def _update_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str] | None = None
