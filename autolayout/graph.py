@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -131,18 +131,24 @@ class Op:
                 return v
         return default
 
-    def flops(self) -> int:
-        """Global flops of one execution, per the table in DESIGN §2."""
+    def flops(self, sizes: Mapping[str, int] | None = None) -> int:
+        """Flops of one execution, per the table in DESIGN §2: global by default, or with
+        each dim's size taken from ``sizes`` (the cost model passes local slice sizes)."""
+        n = {d.name: d.size for d in self.dims}
+        n.update(sizes or {})
+
+        def prod(shape: Sequence[Dim]) -> int:
+            return math.prod(n[d.name] for d in shape)
+
         if self.kind == "einsum":
-            n = math.prod(d.size for d in self.dims)
-            return 2 * n if len(self.inputs) >= 2 else n
-        if self.kind == "elementwise":
-            return self.output.size
+            total = prod(self.dims)
+            return 2 * total if len(self.inputs) >= 2 else total
+        if self.kind in ("elementwise", "gather"):
+            return prod(self.output.shape)
         if self.kind == "reduce":
-            return max((math.prod(d.size for d in s) for s in self.input_shapes), default=0)
-        if self.kind in ("gather", "scatter"):
-            return self.output.size if self.kind == "gather" else math.prod(
-                d.size for d in self.input_shapes[-1])
+            return max((prod(s) for s in self.input_shapes), default=0)
+        if self.kind == "scatter":
+            return prod(self.input_shapes[-1])
         return 0
 
     def signature(self) -> tuple:

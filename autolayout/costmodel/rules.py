@@ -89,20 +89,8 @@ def _itemsize(dtype: str) -> int:
 
 
 def local_flops(op: Op, axes_of: AxesOf, mesh: Mesh) -> int:
-    """Flops of one execution on one device, by the same rules as :meth:`Op.flops`."""
-    dims = {d.name: d for d in local_dims(op.dims, axes_of, mesh)}
-    if op.kind == "einsum":
-        n = math.prod(d.size for d in dims.values())
-        return 2 * n if len(op.inputs) >= 2 else n
-    if op.kind == "elementwise":
-        return math.prod(dims[d.name].size for d in op.output.shape)
-    if op.kind == "reduce":
-        return max((math.prod(dims[d.name].size for d in s) for s in op.input_shapes), default=0)
-    if op.kind == "gather":
-        return math.prod(dims[d.name].size for d in op.output.shape)
-    if op.kind == "scatter":
-        return math.prod(dims[d.name].size for d in op.input_shapes[-1])
-    return 0
+    """Flops of one execution on one device: :meth:`Op.flops` on the local slice sizes."""
+    return op.flops({d.name: d.size for d in local_dims(op.dims, axes_of, mesh)})
 
 
 def check_op(op: Op, axes_of: AxesOf) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["table1", "TABLE1_LAYOUTS"]
 
-# (name, mesh builder, layout, paper comp, paper comm, paper text all-reduced values, paper memory)
+# The five layouts of Table 1, in the paper's order (their formulas: _paper below).
 TABLE1_LAYOUTS = ("[]", "batch:all", "hidden:all", "batch:rows;hidden:cols",
                   "batch:rows;hidden:cols;io:planes")
 
