@@ -8,7 +8,7 @@ import numpy as np
 
 from autolayout._unify import _path_str, _Pending, _Val
 from autolayout.core import Dim
-from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor
+from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor, identity_groups
 
 def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in_tree: Any,
            out_tree: Any, gname: str) -> Graph:
@@ -109,7 +109,7 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
                                       for gi, go in p.groups)),)
         elif p.fn in ("rename", "carry", "slice", "stack", "result"):
             src = p.named_inputs[0]
-            attrs = (("groups", _identity_groups(shape(src), out_t.shape)),)
+            attrs = (("groups", identity_groups(shape(src), out_t.shape)),)
         if p.attrs_fn is not None:
             attrs = attrs + p.attrs_fn(name)
         replay = None
@@ -161,26 +161,3 @@ def _node_for(o: _Val, p: _Pending) -> _Val:
     if o.root is None:
         raise AssertionError("literal operand of a non-elementwise op was not materialised")
     return o.root
-
-
-def _identity_groups(src: tuple, dst: tuple) -> tuple:
-    """Groups for ops that keep shape up to names: kept dims pair up, renamed ones too."""
-    dst_names = [d.name for d in dst]
-    src_names = [d.name for d in src]
-    groups = []
-    rest_src = [d for d in src_names if d not in dst_names]
-    rest_dst = [d for d in dst_names if d not in src_names]
-    for d in src_names:
-        if d in dst_names:
-            groups.append(((d,), (d,)))
-    sizes = {d.name: d.size for d in (*src, *dst)}
-    for a in rest_src:
-        match = next((b for b in rest_dst if sizes[b] == sizes[a]), None)
-        if match is not None:
-            rest_dst.remove(match)
-            groups.append(((a,), (match,)))
-        else:
-            groups.append(((a,), ()))
-    for b in rest_dst:
-        groups.append(((), (b,)))
-    return tuple(groups)

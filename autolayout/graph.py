@@ -333,7 +333,16 @@ class Graph:
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {len(self)} ops, dims {self.dims}>"
 
-    # ---- reference interpreter -------------------------------------------
+    # ---- schedule and reference interpreter ----------------------------
+    @property
+    def schedule(self) -> tuple:
+        """Top-level ops (names) and whole loops (:class:`Loop`), in an order that respects
+        data flow and otherwise follows the traced order (the order every interpreter and the
+        memory liveness walk)."""
+        if getattr(self, "_sched", None) is None:
+            self._sched = tuple(self._compute_schedule())
+        return self._sched
+
     def evaluate(self, *args: Any) -> Any:
         """Run the graph unsharded, op by op, and return the traced function's outputs.
 
@@ -347,49 +356,18 @@ class Graph:
         env: dict[str, Any] = {}
         for name, leaf in zip(self.input_names, leaves):
             env[name] = _squeeze_to(self.tensor(name), leaf)
-        for unit in self._schedule():
-            if isinstance(unit, Loop):
-                self._run_loop(unit, env)
-            elif unit not in env:
-                env[unit] = self._run_op(self._ops[unit], env)
-        outs = [self._output(spec, env) for spec in self.outputs]
+        run_schedule(self, env, Reference(self))
+        outs = [self.output_value(spec, env[spec.tensor] if spec.tensor else None) for spec in self.outputs]
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
-    def _dims_of(self, name: str) -> tuple[str, ...]:
-        return self._ops[name].output.dim_names
-
-    def _conform(self, x: Any, src: str, dst: str) -> Any:
-        """Value of tensor ``src`` re-ordered to tensor ``dst``'s dim order."""
-        return align(x, self._dims_of(src), self._dims_of(dst))
-
-    def _run_op(self, op: Op, env: dict[str, Any]) -> Any:
-        import jax.numpy as jnp
-
-        if op.replay is None:
-            raise ValueError(f"op {op.name!r} ({op.kind}.{op.fn}) has no replay and cannot be evaluated")
-        args = []
-        for spec in op.replay.operands:
-            if spec[0] == "literal":
-                args.append(spec[1])
-                continue
-            _, name, want, shape = spec
-            y = align(env[name], self._dims_of(name), want)
-            args.append(jnp.broadcast_to(y, shape) if tuple(y.shape) != tuple(shape) else y)
-        return _squeeze_to(op.output, op.replay.fn(*args))
-
-    def _output(self, spec: OutputSpec, env: dict[str, Any]) -> Any:
+    def output_value(self, spec: OutputSpec, value: Any) -> Any:
+        """One leaf of the traced function's output from its graph tensor's (global) value."""
         import jax.numpy as jnp
 
         if spec.tensor is None:
             return jnp.broadcast_to(jnp.asarray(spec.literal, dtype=spec.dtype), spec.shape)
-        y = align(env[spec.tensor], self._dims_of(spec.tensor), spec.dims)
+        y = align(value, self.tensor(spec.tensor).dim_names, spec.dims)
         return jnp.broadcast_to(y, spec.shape).astype(spec.dtype)
-
-    def _schedule(self) -> list:
-        """Top-level ops and whole loops, in an order that respects data flow."""
-        if getattr(self, "_sched", None) is None:
-            self._sched = self._compute_schedule()
-        return self._sched
 
     def _compute_schedule(self) -> list:
         group = {}
@@ -410,41 +388,166 @@ class Graph:
         units = nx.lexicographical_topological_sort(cond, key=lambda u: first[u])
         return [self.loops[u] if u in self.loops else u for u in units]
 
-    def _run_loop(self, lp: Loop, env: dict[str, Any]) -> None:
+
+# --------------------------------------------------------------------------- interpreters
+class Interpreter:
+    """The per-op hooks of :func:`run_schedule`, the one walker over a graph's schedule that
+    :meth:`Graph.evaluate`, the GSPMD backend and the shard_map lowering share.
+
+    Values live in ``env`` by tensor name. :meth:`op` computes an op's value from ``env``;
+    :meth:`boundary` applies a loop-boundary op (``carry``, ``slice``, ``result``: a
+    regrouping of its input, possibly renaming dims) to a value whose axes are named
+    ``have``; :meth:`unstack` and :meth:`stacked` move the iteration axis of a scan's
+    sliced inputs and stacked outputs; :meth:`scan` runs the body.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+
+    def op(self, op: Op, env: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def boundary(self, op: Op, value: Any, have: tuple[str, ...]) -> Any:
+        raise NotImplementedError
+
+    def carry_back(self, op: Op, value: Any, nxt: str) -> Any:
+        """The value of tensor ``nxt`` at the end of an iteration as carry op ``op``'s value."""
+        return self.boundary(op, value, self.g.tensor(nxt).dim_names)
+
+    def unstack(self, op: Op, value: Any, lp: Loop) -> tuple[Any, tuple[str, ...]]:
+        """The stacked input of slice op ``op`` with the iteration axis first (as is for a
+        scan of length 1), and the names of the axes one iteration's slice has."""
         import jax.numpy as jnp
 
-        state = {c: self._conform(env[self._ops[c].inputs[0]], self._ops[c].inputs[0], c)
-                 for c, _ in lp.carries}
-        stacks = [self._ops[s] for s in lp.stacks]
-        per_iter: dict[str, list] = {s.name: [None] * lp.length for s in stacks}
-        skip = {c for c, _ in lp.carries} | set(lp.slices)
-        steps = range(lp.length - 1, -1, -1) if lp.reverse else range(lp.length)
-        for i in steps:
-            local = dict(env)
-            local.update(state)
-            for s in lp.slices:
-                src = self._ops[s].inputs[0]
-                have = self._dims_of(src)
-                x = env[src]
-                if lp.dim is not None:
-                    x = jnp.take(x, i, axis=have.index(lp.dim))
-                    have = tuple(h for h in have if h != lp.dim)
-                local[s] = align(x, have, self._dims_of(s))
-            for n in lp.body:
-                if n not in skip:
-                    local[n] = self._run_op(self._ops[n], local)
-            state = {c: self._conform(local[nxt], nxt, c) for c, nxt in lp.carries}
-            for s in stacks:
-                per_iter[s.name][i] = local[s.inputs[0]]
-        for res, carry in lp.results:
-            env[res] = self._conform(state[carry], carry, res)
-        for s in stacks:
-            src = s.inputs[0]
-            if lp.dim is None:
-                env[s.name] = self._conform(per_iter[s.name][0], src, s.name)
-            else:
-                x = jnp.stack(per_iter[s.name])
-                env[s.name] = align(x, (lp.dim, *self._dims_of(src)), self._dims_of(s.name))
+        have = self.g.tensor(op.inputs[0]).dim_names
+        if lp.dim is None:
+            return value, have
+        return jnp.moveaxis(value, have.index(lp.dim), 0), tuple(d for d in have if d != lp.dim)
+
+    def stack_item(self, op: Op, value: Any) -> Any:
+        """One iteration's value of the input of stack op ``op``, as it is stacked."""
+        return value
+
+    def stacked(self, op: Op, value: Any, lp: Loop) -> Any:
+        """The stacked outputs (iteration axis first) as stack op ``op``'s value."""
+        have = ((lp.dim,) if lp.dim else ()) + self.g.tensor(op.inputs[0]).dim_names
+        return align(value, have, self.g.tensor(op.name).dim_names)
+
+    def scan(self, step: Callable, init: tuple, xs: tuple, lp: Loop) -> tuple:
+        from jax import lax
+
+        return lax.scan(step, init, xs, length=lp.length, reverse=lp.reverse)
+
+    def value(self, name: str, value: Any) -> Any:
+        """``value`` as tensor ``name`` is held in ``env`` (hook for checks)."""
+        return value
+
+    def store(self, env: dict[str, Any], name: str, value: Any) -> None:
+        env[name] = self.value(name, value)
+
+
+def run_schedule(graph: Graph, env: dict[str, Any], interp: Interpreter) -> None:
+    """Run every op of ``graph`` not yet in ``env`` with ``interp``'s hooks, scans as
+    ``lax.scan`` (a scan of length 1 runs its body once)."""
+    for unit in graph.schedule:
+        if isinstance(unit, Loop):
+            _run_loop(graph, unit, env, interp)
+        elif unit not in env:
+            interp.store(env, unit, interp.op(graph.op(unit), env))
+
+
+def _run_loop(g: Graph, lp: Loop, env: dict[str, Any], interp: Interpreter) -> None:
+    skip = {c for c, _ in lp.carries} | set(lp.slices)
+    init = []
+    for c, _ in lp.carries:
+        src = g.op(c).inputs[0]
+        init.append(interp.value(c, interp.boundary(g.op(c), env[src], g.tensor(src).dim_names)))
+    xs, have_of = [], {}
+    for s in lp.slices:
+        op = g.op(s)
+        x, have_of[s] = interp.unstack(op, env[op.inputs[0]], lp)
+        xs.append(x)
+    stacks = [g.op(s) for s in lp.stacks]
+
+    def step(carry: tuple, sliced: tuple) -> tuple:
+        local = dict(env)
+        for (c, _), v in zip(lp.carries, carry):
+            local[c] = v
+        for s, v in zip(lp.slices, sliced):
+            interp.store(local, s, interp.boundary(g.op(s), v, have_of[s]))
+        for n in lp.body:
+            if n not in skip:
+                interp.store(local, n, interp.op(g.op(n), local))
+        new = tuple(interp.value(c, interp.carry_back(g.op(c), local[nxt], nxt)) for c, nxt in lp.carries)
+        return new, tuple(interp.stack_item(s, local[s.inputs[0]]) for s in stacks)
+
+    if lp.dim is None:  # one iteration, nothing stacked
+        final, ys = step(tuple(init), tuple(xs))
+    else:
+        final, ys = interp.scan(step, tuple(init), tuple(xs), lp)
+    carries = [c for c, _ in lp.carries]
+    for res, carry in lp.results:
+        interp.store(env, res, interp.boundary(g.op(res), final[carries.index(carry)], g.tensor(carry).dim_names))
+    for s, y in zip(stacks, ys):
+        interp.store(env, s.name, interp.stacked(s, y, lp))
+
+
+class Reference(Interpreter):
+    """Global (unsharded) values: each op's positional replay, as the jaxpr ran it."""
+
+    def op(self, op: Op, env: dict[str, Any]) -> Any:
+        import jax.numpy as jnp
+
+        if op.replay is None:
+            raise ValueError(f"op {op.name!r} ({op.kind}.{op.fn}) has no replay and cannot be evaluated")
+        args = []
+        for spec in op.replay.operands:
+            if spec[0] == "literal":
+                args.append(spec[1])
+                continue
+            _, name, want, shape = spec
+            y = align(env[name], self.g.tensor(name).dim_names, want)
+            args.append(jnp.broadcast_to(y, shape) if tuple(y.shape) != tuple(shape) else y)
+        return _squeeze_to(op.output, op.replay.fn(*args))
+
+    def boundary(self, op: Op, value: Any, have: tuple[str, ...]) -> Any:
+        return rename_align(self.g, value, have, op.name)
+
+
+def rename_align(graph: Graph, value: Any, have: Sequence[str], dst: str) -> Any:
+    """``value`` (axes named ``have``) in tensor ``dst``'s dim order, pairing renamed dims
+    by size as the tracer's loop boundaries do (:func:`identity_groups`)."""
+    want = graph.tensor(dst).dim_names
+    have = tuple(have)
+    if set(have) != set(want):
+        groups = identity_groups(tuple(graph.dim(d) for d in have), graph.tensor(dst).shape)
+        rename = {gi[0]: go[0] for gi, go in groups if gi and go}
+        have = tuple(rename[d] for d in have)
+    return align(value, have, want)
+
+
+def identity_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> tuple:
+    """Reshape groups of an op that keeps a shape up to names: kept dims pair up, renamed
+    ones (same size) too; an unmatched input dim is dropped, an unmatched output dim created."""
+    dst_names = [d.name for d in dst]
+    src_names = [d.name for d in src]
+    groups = []
+    rest_src = [d for d in src_names if d not in dst_names]
+    rest_dst = [d for d in dst_names if d not in src_names]
+    for d in src_names:
+        if d in dst_names:
+            groups.append(((d,), (d,)))
+    sizes = {d.name: d.size for d in (*src, *dst)}
+    for a in rest_src:
+        match = next((b for b in rest_dst if sizes[b] == sizes[a]), None)
+        if match is not None:
+            rest_dst.remove(match)
+            groups.append(((a,), (match,)))
+        else:
+            groups.append(((a,), ()))
+    for b in rest_dst:
+        groups.append(((), (b,)))
+    return tuple(groups)
 
 
 def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:

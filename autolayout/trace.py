@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Sequence
 
-from autolayout._build import _build, _identity_groups  # noqa: F401  (re-exported for exec)
+from autolayout._build import _build
 from autolayout._interpret import _Tracer
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph

@@ -178,7 +178,7 @@ def test_split_merge_reshapes(mesh, layout, kinds):
 ], ids=["axes-stay", "axes-swap"])
 def test_multi_axis_reshapes_match_the_cost_model(layout, kinds):
     """Cost model and lowering read split/merge groups by the same digit rule
-    (``costmodel.rules.reshape_moves``), so multi-axis reshapes match the HLO too."""
+    (``costmodel.placement.moves``, executed from the plan), so multi-axis reshapes match the HLO too."""
     ex = run(split_merge_graph(), "rows:2,cols:4", layout)
     check(ex)
     assert sorted(c.kind for c in ex.compiled_collectives if c.kind != "all-reduce") == kinds

@@ -1,7 +1,14 @@
-"""Cost model: per-device time and memory of a graph under a layout (DESIGN §4)."""
+"""Cost model: per-device time and memory of a graph under a layout (DESIGN §4, §9).
+
+``plan`` decides, once, where every tensor lives and which collectives each op
+runs; ``predict`` prices a plan; the search and the shard_map lowering use the
+same plan.
+"""
 from autolayout.costmodel.hardware import Hardware, Link, get_hardware, known_hardware
-from autolayout.costmodel.predict import Cost, layouts_table, predict
+from autolayout.costmodel.placement import Placement, Step
+from autolayout.costmodel.plan import OpPlan, Plan, plan
+from autolayout.costmodel.predict import Cost, layouts_table, predict, price_plan
 from autolayout.costmodel.rules import Collective, OpCost, op_cost
 
-__all__ = ["Collective", "Cost", "Hardware", "Link", "OpCost", "get_hardware", "known_hardware",
-           "layouts_table", "op_cost", "predict"]
+__all__ = ["Collective", "Cost", "Hardware", "Link", "OpCost", "OpPlan", "Placement", "Plan", "Step",
+           "get_hardware", "known_hardware", "layouts_table", "op_cost", "plan", "predict", "price_plan"]

@@ -9,39 +9,31 @@ from their producer to the end; every other tensor from its producer to its last
 consumer. A scan is one step of the schedule: its stacked outputs are live
 throughout it, and its body adds the peak of one iteration's own tensors (an
 iteration's temporaries are freed before the next). The breakdown is taken at
-the peak: ``params``, ``opt_state``, ``grads`` (tensors named ``grad/...``) and
-``activations`` (everything else: inputs, saved activations, temporaries).
+the peak: ``params``, ``opt_state``, ``grads`` (the parameters' gradients) and
+``activations`` (everything else: inputs, saved activations, temporaries); the
+categories come from ``graph.param_roles``.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
-from autolayout.core import Mesh
-from autolayout.graph import Graph, Loop, Tensor
+from autolayout.costmodel.plan import grad_of
+from autolayout.graph import Graph, Loop
 
 
-def tensor_bytes(t: Tensor, axes_of: Mapping[str, tuple[str, ...]], mesh: Mesh) -> int:
-    n = 1
-    for d in t.shape:
-        n *= d.size // math.prod(mesh.axis_size(a) for a in axes_of.get(d.name, ()))
-    return n * t.itemsize
-
-
-def _category(t: Tensor) -> str:
-    if t.role == "param":
-        return "params"
-    if t.role == "opt_state":
-        return "opt_state"
-    if t.name.startswith("grad/"):
-        return "grads"
-    return "activations"
+def _categories(graph: Graph) -> dict[str, str]:
+    grads = {g for g in (grad_of(graph, t.name) for t in graph.params()) if g}
+    out = {}
+    for t in graph.tensors():
+        out[t.name] = ("params" if t.role == "param" else "opt_state" if t.role == "opt_state"
+                       else "grads" if t.name in grads else "activations")
+    return out
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
     """Schedule units and, for every top-level tensor, the units it is allocated and
     last live at (scan bodies are handled by :func:`body_lifetimes`)."""
-    units = graph._schedule()
+    units = graph.schedule
     unit_of: dict[str, int] = {}
     for i, u in enumerate(units):
         if isinstance(u, Loop):
@@ -88,14 +80,9 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
     return order, last
 
 
-def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
-                shrink: Mapping[str, int] | None = None) -> tuple[int, dict]:
-    """``(peak bytes, breakdown at the peak)``; ``shrink[name]`` divides a tensor's bytes
-    (weight-update-sharded optimizer state and update temporaries)."""
-    shrink = shrink or {}
-    # fused (never materialised) elementwise intermediates take no memory
-    size = {op.name: (-(-tensor_bytes(op.output, axes_of, mesh) // shrink.get(op.name, 1))
-                      if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
+def peak_memory(graph: Graph, size: Mapping[str, int]) -> tuple[int, dict]:
+    """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
+    (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers)."""
     units, alloc, free = lifetimes(graph)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
@@ -115,8 +102,9 @@ def peak_memory(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]]
             best, best_at = total, i
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0}
+    category = _categories(graph)
     for n in live + list(bodies.get(best_at, (0, []))[1]):
-        breakdown[_category(graph.tensor(n))] += size[n]
+        breakdown[category[n]] += size[n]
     return max(best, 0), breakdown
 
 

@@ -1,33 +1,27 @@
 """Local (per-device) semantics of each op kind inside the shard_map program.
 
-A mixin of :class:`autolayout.exec.lower.ShardProgram`; every method works on
-local blocks and emits exactly the collectives of the cost model's rules
-(:mod:`autolayout.costmodel.rules`):
+A mixin of :class:`autolayout.exec.lower.ShardProgram`. Nothing here decides a
+collective: every collective is a step of the op's plan
+(:mod:`autolayout.costmodel.plan`), executed as the plan says.
 
 * **einsum / elementwise / reduce**: the op's positional replay (``prim.bind``
   with the traced params) on local operands (replay shapes are global; local
-  ones are derived from the operand's dim names), then for einsum ``psum`` and
-  for reduce ``pmax``/``pmin`` over the mesh axes of the reduced split dims.
+  ones are derived from the operand's dim names and the op's compute axes);
+  elementwise update ops on flattened shards bind their primitive on the shards.
 * **argmax / argmin** over a split dim: local extreme and local index, ``pmax``
   (``pmin``) of the values, then ``pmin`` of the global indices of the winners
-  (first occurrence wins, as in ``jnp.argmax``): two all-reduces.
+  (first occurrence wins, as in ``jnp.argmax``): the plan's two all-reduces.
 * **gather** (``take``) over a split vocabulary: Mesh-TensorFlow's masked local
-  lookup (index minus this device's vocabulary offset from ``lax.axis_index``)
-  and ``psum``; **scatter-add**: local masked scatter, ``psum`` over reduced axes.
+  lookup (index minus this device's vocabulary offset from ``lax.axis_index``);
+  **scatter-add**: local masked scatter; both leave partial sums the plan reduces.
 * **constants**: ``iota`` locally offset by the device's position, ``fill``
   locally, ``value`` sliced locally.
-* **reshape** (rename, split, merge): per mesh axis, compare where the axis sits
-  in the row-major digits of each split/merge group before and after (the
-  cumulative products of Mesh-TensorFlow): same place = local reshape; only
-  before = all-gather; only after = local slice; moved = all-to-all. One
-  ``all_to_all`` over all moved axes, then one ``all_gather`` over all gathered
-  axes, then local slices — so each kind is one collective, as predicted. An
-  axis whose new place is still held by another axis (multi-axis splits) cannot
-  move by one all-to-all: it is gathered and sliced (noted in ``notes``).
-* **weight-update sharding** (:class:`~autolayout.exec.lower.Sharder`): the
-  gradient's all-reduce becomes ``psum_scatter`` over the update axes (along the
-  plan's ``scatter_dim``, or of the flattened, padded block) + ``psum`` over the
-  rest; the update runs on the shard; the new parameter is ``all_gather``-ed.
+* **regrouping** (reshape, conversions): the plan's :class:`~autolayout.costmodel.placement.Moves`:
+  one ``all_to_all`` over all moved axes, then one ``all_gather`` over all
+  gathered axes, then local slices, reading each axis's digit position from the
+  plan.
+* **reductions**: the plan's steps: ``psum_scatter`` (along a dim, or of the
+  flattened padded block) then ``psum``/``pmax``/``pmin``.
 """
 from __future__ import annotations
 
@@ -36,45 +30,45 @@ from typing import Any
 
 import numpy as np
 
+from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER, Conversion, Moves, Placement
+from autolayout.costmodel.plan import LoweringError
 from autolayout.graph import align
 
 
-class LoweringError(ValueError):
-    """An op or layout the shard_map lowering cannot express (the message says which)."""
 
 
-def _axis_name(axes: tuple[str, ...]) -> Any:
+def axis_name(axes: tuple[str, ...]) -> Any:
     return axes[0] if len(axes) == 1 else tuple(axes)
 
 
-def _vma(x: Any) -> frozenset:
+def vma(x: Any) -> frozenset:
+    """The manual mesh axes ``x`` varies over inside a shard_map."""
     import jax
 
     mat = getattr(jax.typeof(x), "manual_axis_type", None)
     return frozenset(mat.varying) if mat is not None else frozenset(getattr(jax.typeof(x), "vma", ()))
 
 
-def _same_vma(args: list) -> list:
+def same_vma(args: list) -> list:
     """Operands of a directly bound primitive must vary over the same manual axes
     (``jnp`` functions insert this ``pcast`` themselves; ``prim.bind`` does not)."""
     import jax.numpy as jnp
     from jax import lax
 
     arrays = [a if not isinstance(a, np.ndarray) else None for a in args]
-    union = frozenset().union(*(_vma(a) for a in arrays if a is not None))
+    union = frozenset().union(*(vma(a) for a in arrays if a is not None))
     if not union:
         return args
     out = []
     for a in args:
         a = jnp.asarray(a)
-        missing = tuple(sorted(union - _vma(a)))
+        missing = tuple(sorted(union - vma(a)))
         out.append(lax.pcast(a, missing, to="varying") if missing else a)
     return out
 
 
 class LocalOps:
-    """Per-kind local rules; needs ``g``, ``mesh``, ``plans``, ``rs_ops``, ``form``,
-    ``dims_of``, ``dim_axes``, ``lsize``, ``nsplit``, ``notes`` from the program."""
+    """Per-kind local rules; needs ``g``, ``mesh`` and ``nsplit`` from the program."""
 
     # ------------------------------------------------------------ helpers
     def mesh_order(self, axes: Any) -> tuple[str, ...]:
@@ -83,7 +77,7 @@ class LocalOps:
 
     def axis_offset(self, axes: tuple[str, ...], local: int) -> Any:
         from jax import lax
-        return lax.axis_index(_axis_name(axes)) * local
+        return lax.axis_index(axis_name(axes)) * local
 
     def slice_block(self, x: Any, pos: int, axes: tuple[str, ...]) -> Any:
         """This device's block of ``x`` along axis ``pos`` split over ``axes`` (major first)."""
@@ -94,30 +88,31 @@ class LocalOps:
         size = x.shape[pos] // self.nsplit(axes)
         return lax.dynamic_slice_in_dim(x, self.axis_offset(axes, size), size, axis=pos)
 
-    def op_shape(self, op: Any, form: str | None) -> tuple[int, ...]:
-        return tuple(self.lsize(d, form) for d in op.output.dim_names)
+    def lsize(self, dim: str, axes: Any) -> int:
+        """Local size of ``dim`` when split over ``axes[dim]``."""
+        return self.g.dims[dim] // self.nsplit(axes.get(dim, ()))
 
-    def _operand(self, ins: dict, spec: tuple, form: str | None) -> Any:
+    def _operand(self, ins: dict, spec: tuple, axes: Any) -> Any:
         """A replay operand ``("tensor", name, names, shape)`` as a local positional array."""
         import jax.numpy as jnp
 
         _, name, names, _shape = spec
-        y = align(ins[name], self.dims_of(name), names)
-        lshape = tuple(self.lsize(n, form) if n else 1 for n in names)
+        y = align(ins[name], self.g.tensor(name).dim_names, names)
+        lshape = tuple(self.lsize(n, axes) if n else 1 for n in names)
         return jnp.broadcast_to(y, lshape) if tuple(y.shape) != lshape else y
 
-    def _named_operand(self, ins: dict, spec: tuple, form: str | None) -> tuple[Any, list[str]]:
+    def _named_operand(self, ins: dict, spec: tuple, axes: Any) -> tuple[Any, list[str]]:
         """A replay operand aligned to its own non-size-1 names (broadcast locally)."""
         import jax.numpy as jnp
 
         _, name, names, _shape = spec
         want = [n for n in names if n]
-        y = align(ins[name], self.dims_of(name), want)
-        lshape = tuple(self.lsize(n, form) for n in want)
+        y = align(ins[name], self.g.tensor(name).dim_names, want)
+        lshape = tuple(self.lsize(n, axes) for n in want)
         return (jnp.broadcast_to(y, lshape) if tuple(y.shape) != lshape else y), want
 
     # ------------------------------------------------- einsum / elementwise
-    def replay(self, op: Any, ins: dict, form: str | None) -> Any:
+    def replay(self, op: Any, ins: dict, axes: Any) -> Any:
         """The op's traced primitive on local operands; returns the local (partial) output."""
         import jax.numpy as jnp
 
@@ -126,13 +121,13 @@ class LocalOps:
         args = []
         for spec in op.replay.operands:
             if spec[0] == "literal":
-                args.append(self._literal(op, spec[1], form))
+                args.append(self._literal(op, spec[1], axes))
             else:
-                args.append(self._operand(ins, spec, form))
-        out = op.replay.fn(*_same_vma(args))
-        return jnp.reshape(out, self.op_shape(op, form))
+                args.append(self._operand(ins, spec, axes))
+        out = op.replay.fn(*same_vma(args))
+        return jnp.reshape(out, tuple(self.lsize(d, axes) for d in op.output.dim_names))
 
-    def _literal(self, op: Any, lit: Any, form: str | None) -> Any:
+    def _literal(self, op: Any, lit: Any, axes: Any) -> Any:
         """A uniform literal of the op's global positional shape, at the local shape."""
         lit = np.asarray(lit)
         if lit.ndim == 0:
@@ -141,46 +136,31 @@ class LocalOps:
         if not uniform:
             raise LoweringError(f"op {op.name!r}: a non-uniform literal operand cannot be sliced locally")
         names = iter(op.output.dim_names)
-        local = tuple(1 if s == 1 else self.lsize(next(names), form) for s in lit.shape)
+        local = tuple(1 if s == 1 else self.lsize(next(names), axes) for s in lit.shape)
         return np.broadcast_to(lit.reshape(-1)[:1].reshape(()), local)
 
-    def reduced_axes(self, op: Any) -> tuple[str, ...]:
-        """Mesh axes of the op's reduced split dims (the all-reduce group of predict)."""
-        return self.mesh_order(a for d in op.reduced_dims for a in self.axes_of.get(d.name, ()))
+    def flat_replay(self, op: Any, ins: dict, flat: Placement) -> Any:
+        """An elementwise op on flattened update shards: its primitive bound on the shards
+        (operands with fewer dims were broadcast into the shard by :meth:`to_flat`)."""
+        shape = flat.local_shape(self.g.dims, self.mesh)
+        if op.kind != "elementwise":  # a one-input einsum without reduced dims: a transpose
+            return ins[op.inputs[0]]
+        args = []
+        for spec in op.replay.operands:
+            if spec[0] == "literal":
+                lit = np.asarray(spec[1])
+                args.append(lit if lit.ndim == 0 else np.broadcast_to(lit.reshape(-1)[:1].reshape(()), shape))
+            else:
+                args.append(ins[spec[1]])
+        return op.replay.fn(*same_vma(args)).reshape(shape)
 
-    def reduce_partial(self, op: Any, x: Any) -> Any:
-        """Combine partial results over the reduced split axes (or reduce-scatter them)."""
-        from jax import lax
-
-        axes = self.reduced_axes(op)
-        if not axes:
-            return x
-        if op.name in self.rs_ops:
-            sh = self.sharders[self.rs_ops[op.name]]
-            rest = tuple(a for a in axes if a not in sh.axes)
-            return sh.reduce_scatter(x, op.output.dim_names, rest)
-        if op.kind in ("einsum", "gather", "scatter"):
-            return lax.psum(x, _axis_name(axes))
-        fn = op.fn
-        if fn in ("max", "min"):
-            return (lax.pmax if fn == "max" else lax.pmin)(x, _axis_name(axes))
-        if fn in ("and", "or"):
-            import jax.numpy as jnp
-            y = x.astype(jnp.uint8)
-            y = (lax.pmin if fn == "and" else lax.pmax)(y, _axis_name(axes))
-            return y.astype(x.dtype)
-        raise LoweringError(
-            f"op {op.name!r}: reduce_{fn} over a dim split across mesh axes {list(axes)} has no "
-            f"single-collective lowering (only sum, max, min, and, or, argmax, argmin do); leave "
-            f"{[d.name for d in op.reduced_dims]} unsplit")
-
-    def arg_reduce(self, op: Any, ins: dict, form: str | None) -> Any:
+    def arg_reduce(self, op: Any, ins: dict, axes: Any) -> Any:
         """argmax/argmin: local winner, then pmax/pmin of values and pmin of global indices."""
         import jax.numpy as jnp
         from jax import lax
 
         (name,) = op.inputs
-        x, dims = ins[name], self.dims_of(name)
+        x, dims = ins[name], self.g.tensor(name).dim_names
         red = [d.name for d in op.reduced_dims]
         if len(red) != 1:
             raise LoweringError(f"op {op.name!r}: {op.fn} over {red}; expected one reduced dim")
@@ -188,78 +168,72 @@ class LocalOps:
         is_max = op.fn == "argmax"
         dtype = np.dtype(op.output.dtype)
         idx = (jnp.argmax if is_max else jnp.argmin)(x, axis=pos).astype(dtype)
-        axes = self.dim_axes(red[0], form)
-        if axes:
+        split = axes.get(red[0], ())
+        if split:
             val = (jnp.max if is_max else jnp.min)(x, axis=pos)
-            best = (lax.pmax if is_max else lax.pmin)(val, _axis_name(self.mesh_order(axes)))
-            cand = jnp.where(val == best, idx + self.axis_offset(axes, x.shape[pos]).astype(dtype),
+            best = (lax.pmax if is_max else lax.pmin)(val, axis_name(self.mesh_order(split)))
+            cand = jnp.where(val == best, idx + self.axis_offset(split, x.shape[pos]).astype(dtype),
                              np.iinfo(dtype).max)
-            idx = lax.pmin(cand, _axis_name(self.mesh_order(axes)))
+            idx = lax.pmin(cand, axis_name(self.mesh_order(split)))
         kept = [d for d in dims if d != red[0]]
         return align(idx, kept, op.output.dim_names)
 
     # ------------------------------------------------------ gather/scatter
-    def _local_index(self, idx: Any, vdim: str, form: str | None) -> tuple[Any, Any, int]:
+    def _local_index(self, idx: Any, vdim: str, axes: Any) -> tuple[Any, Any, int]:
         """Indices into this device's vocabulary block, a validity mask, and the block size."""
-        import jax.numpy as jnp
-
-        nl = self.lsize(vdim, form)
-        axes = self.dim_axes(vdim, form)
-        if not axes:
+        nl = self.lsize(vdim, axes)
+        split = axes.get(vdim, ())
+        if not split:
             return idx, None, nl
-        local = idx - self.axis_offset(axes, nl).astype(idx.dtype)
+        local = idx - self.axis_offset(split, nl).astype(idx.dtype)
         valid = (local >= 0) & (local < nl)
         return local, valid, nl
 
-    def gather(self, op: Any, ins: dict, form: str | None) -> Any:
+    def gather(self, op: Any, ins: dict, axes: Any) -> Any:
+        """Masked local lookup; the partial sums over a split vocabulary are the plan's to reduce."""
         import jax.numpy as jnp
 
         vdim = op.attr("indexed")
         t_spec, i_spec = op.replay.operands
-        table, tnames = self._named_operand(ins, t_spec, form)
-        idx, inames = self._named_operand(ins, i_spec, form)
+        table, tnames = self._named_operand(ins, t_spec, axes)
+        idx, inames = self._named_operand(ins, i_spec, axes)
         vpos = tnames.index(vdim)
-        local, valid, _ = self._local_index(idx, vdim, form)
+        local, valid, _ = self._local_index(idx, vdim, axes)
         if valid is not None:
             local = jnp.where(valid, local, 0)
         out = jnp.take(table, local, axis=vpos, mode="clip")
         out_dims = tnames[:vpos] + inames + tnames[vpos + 1:]
         if valid is not None:
             out = jnp.where(align(valid, inames, out_dims), out, jnp.zeros((), out.dtype))
-        out = align(out, out_dims, op.output.dim_names)
-        return self.reduce_partial(op, out)
+        return align(out, out_dims, op.output.dim_names)
 
-    def scatter(self, op: Any, ins: dict, form: str | None) -> Any:
+    def scatter(self, op: Any, ins: dict, axes: Any) -> Any:
+        """Masked local scatter-add of the updates (partial sums over reduced dims)."""
         import jax.numpy as jnp
 
         vdim = op.attr("indexed")
-        o_spec, i_spec, u_spec = op.replay.operands
+        _, i_spec, u_spec = op.replay.operands
         out_dims = op.output.dim_names
-        idx, inames = self._named_operand(ins, i_spec, form)
-        upd, unames = self._named_operand(ins, u_spec, form)
+        idx, inames = self._named_operand(ins, i_spec, axes)
+        upd, unames = self._named_operand(ins, u_spec, axes)
         rest = [d for d in out_dims if d != vdim]
         upd = jnp.broadcast_to(align(upd, unames, inames + rest),
-                               tuple(self.lsize(d, form) for d in inames + rest))
-        local, valid, nl = self._local_index(idx, vdim, form)
+                               tuple(self.lsize(d, axes) for d in inames + rest))
+        local, valid, nl = self._local_index(idx, vdim, axes)
         if valid is not None:
             local = jnp.where(valid, local, nl)  # out of bounds: dropped
-        z = jnp.zeros((nl, *(self.lsize(d, form) for d in rest)), np.dtype(op.output.dtype))
+        z = jnp.zeros((nl, *(self.lsize(d, axes) for d in rest)), np.dtype(op.output.dtype))
         z = z.at[local].add(upd.astype(z.dtype), mode="drop")
-        x = self.reduce_partial(op, align(z, (vdim, *rest), out_dims))
-        base, bnames = self._named_operand(ins, o_spec, form)
-        base = align(base, bnames, out_dims)
-        if op.name in self.rs_ops:
-            base = self.sharders[self.rs_ops[op.name]].to_shard(base, out_dims)
-        return base + x
+        return align(z, (vdim, *rest), out_dims)
 
     # ---------------------------------------------------------- constants
-    def constant(self, op: Any, form: str | None) -> Any:
+    def constant(self, op: Any, axes: Any) -> Any:
         import jax
         import jax.numpy as jnp
         from jax import lax
 
-        shape = self.op_shape(op, form)
         dims = op.output.dim_names
+        shape = tuple(self.lsize(d, axes) for d in dims)
         dtype = np.dtype(op.output.dtype)
         if op.fn == "iota":
             eqns = jax.make_jaxpr(op.replay.fn)().jaxpr.eqns
@@ -267,95 +241,109 @@ class LocalOps:
                 p = eqns[0].params
                 names = iter(dims)
                 pos_names = [None if s == 1 else next(names) for s in p["shape"]]
-                local = tuple(1 if n is None else self.lsize(n, form) for n in pos_names)
+                local = tuple(1 if n is None else self.lsize(n, axes) for n in pos_names)
                 x = lax.broadcasted_iota(p["dtype"], local, p["dimension"])
                 d = pos_names[p["dimension"]]
-                if d is not None and self.dim_axes(d, form):
-                    x = x + self.axis_offset(self.dim_axes(d, form), local[p["dimension"]]).astype(x.dtype)
+                if d is not None and axes.get(d):
+                    x = x + self.axis_offset(axes[d], local[p["dimension"]]).astype(x.dtype)
                 return jnp.reshape(x, shape)
         value = np.asarray(op.replay.fn())
         if op.fn == "fill" and (value.size <= 1 or all(s == 0 for s in value.strides)):
             return jnp.full(shape, value.reshape(-1)[0] if value.size else 0, dtype)
         x = jnp.asarray(value.reshape(tuple(self.g.dims[d] for d in dims)), dtype)
         for pos, d in enumerate(dims):
-            x = self.slice_block(x, pos, self.dim_axes(d, form))
+            x = self.slice_block(x, pos, axes.get(d, ()))
         return x
 
-    # ------------------------------------------------------------ reshape
-    def reshape(self, op: Any, x: Any, form: str | None) -> Any:
-        groups = op.attr("groups")
-        if groups is None:
-            raise LoweringError(f"reshape {op.name!r} has no 'groups' attr")
-        return self.regroup(x, self.dims_of(op.inputs[0]), form, groups, op.output.dim_names,
-                            self.form.get(op.name), op.name)
+    # ------------------------------------------------------- reductions
+    def reduce_steps(self, x: Any, dims: tuple, steps: tuple, computed: Placement, stored: Placement) -> Any:
+        """Apply the plan's reduction steps to a local partial result ``x`` (axes ``dims``)."""
+        from jax import lax
 
-    def _digits(self, dims: tuple, form: str | None) -> list[tuple]:
-        """Row-major digits of a group: ``(kind, key, size, hi, lo)``, major first, where the
-        digit spans positions ``[lo, hi)`` of the group's cumulative products."""
-        out, hi = [], math.prod(self.g.dims[d] for d in dims)
-        for d in dims:
-            for a in self.dim_axes(d, form):
-                n = self.mesh.axis_size(a)
-                out.append(("mesh", a, n, hi, hi // n))
-                hi //= n
-            n = self.lsize(d, form)
-            out.append(("local", d, n, hi, hi // n))
-            hi //= n
-        return out
+        for s in steps:
+            if s.kind == REDUCE_SCATTER:
+                if stored.flat:
+                    x = self.flatten_pad(x, dims, stored)
+                    x = lax.psum_scatter(x, axis_name(stored.flat), scatter_dimension=x.ndim - 1, tiled=True)
+                else:
+                    have = computed.axes_of(s.dim)
+                    extra = stored.axes_of(s.dim)[len(have):]
+                    x = lax.psum_scatter(x, axis_name(extra), scatter_dimension=dims.index(s.dim), tiled=True)
+            elif s.kind == ALL_REDUCE:
+                name = axis_name(s.axes)
+                if s.reduce == "sum":
+                    x = lax.psum(x, name)
+                elif s.reduce in ("max", "min"):
+                    x = (lax.pmax if s.reduce == "max" else lax.pmin)(x, name)
+                elif s.reduce in ("and", "or"):
+                    y = x.astype(np.uint8)
+                    x = (lax.pmin if s.reduce == "and" else lax.pmax)(y, name).astype(x.dtype)
+                else:
+                    raise LoweringError(f"internal: no all-reduce for reduction {s.reduce!r}")
+            else:
+                raise LoweringError(f"internal: {s.kind} is not a reduction step")
+        return x
 
-    def regroup(self, x: Any, in_dims: tuple, in_form: str | None, groups: tuple, out_dims: tuple,
-                out_form: str | None, name: str) -> Any:
-        """Move local block ``x`` (axes ``in_dims``) to the layout of ``out_dims`` (see module doc)."""
+    # --------------------------------------------------- flattened shards
+    def flatten_pad(self, x: Any, dims: tuple, p: Placement) -> Any:
+        """A full local block (axes ``dims``, missing ones broadcast) -> ``(kept..., chunk * F)``:
+        aligned to ``p.dims`` (the flattening order), flattened and padded (seed 003 §4)."""
+        import jax.numpy as jnp
+
+        sizes, mesh = self.g.dims, self.mesh
+        base = p.base()
+        want = tuple(base.local_size(d, sizes[d], mesh) for d in p.dims)
+        x = jnp.broadcast_to(align(x, dims, p.dims), want)
+        k = len(p.kept)
+        n = p.flat_elements(sizes, mesh)
+        x = jnp.reshape(x, (*x.shape[:k], n))
+        pad = p.chunk(sizes, mesh) * self.nsplit(p.flat) - n
+        return jnp.pad(x, [(0, 0)] * k + [(0, pad)]) if pad else x
+
+    def to_flat(self, x: Any, dims: tuple, p: Placement) -> Any:
+        """A full local block -> this device's flattened shard (a local slice)."""
+        x = self.flatten_pad(x, dims, p)
+        return self.slice_block(x, x.ndim - 1, p.flat)
+
+    def from_flat(self, x: Any, p: Placement, dims: tuple) -> Any:
+        """This device's flattened shard -> the full local block with axes ``dims``
+        (``all_gather`` over ``p.flat``, padding cut)."""
         import jax.numpy as jnp
         from jax import lax
 
-        pos_in: dict[str, tuple] = {}
-        pos_out: dict[str, tuple] = {}
-        local_in: dict[str, tuple] = {}
-        local_out: dict[str, tuple] = {}
-        bounds: dict[int, set] = {}
-        new_dims = []
-        for gi, (gin, gout) in enumerate(groups):
-            if not gin:
-                new_dims.extend(gout)  # a broadcast dim: created locally at the end
-                continue
-            if not gout:
-                raise LoweringError(f"reshape {name!r} drops dims {gin}; only loop slices may")
-            b = bounds.setdefault(gi, set())
-            for digits, pos, loc in ((self._digits(gin, in_form), pos_in, local_in),
-                                     (self._digits(gout, out_form), pos_out, local_out)):
-                for kind, key, _n, hi, lo in digits:
-                    b.update((hi, lo))
-                    (pos if kind == "mesh" else loc)[key] = (gi, hi, lo)
-        fine = {gi: sorted(b, reverse=True) for gi, b in bounds.items()}
+        sizes, mesh = self.g.dims, self.mesh
+        x = lax.all_gather(x, axis_name(p.flat), axis=x.ndim - 1, tiled=True, to="invarying")
+        base = p.base()
+        k = len(p.kept)
+        x = jnp.reshape(x[..., : p.flat_elements(sizes, mesh)],
+                        (*x.shape[:k], *(base.local_size(d, sizes[d], mesh) for d in p.dims[k:])))
+        return align(x, p.dims, dims)
 
-        def fines(rng: tuple) -> list[tuple]:
-            gi, hi, lo = rng
-            bs = [v for v in fine[gi] if lo <= v <= hi]
-            return [(gi, bs[k], bs[k + 1]) for k in range(len(bs) - 1)]
+    # ------------------------------------------------------------ conversions
+    def convert(self, x: Any, conv: Conversion, dims: tuple, name: str) -> Any:
+        """Execute a planned conversion of tensor ``name`` (axes ``dims`` when not flattened)."""
+        if conv.unflatten:
+            x = self.from_flat(x, conv.src, dims)
+        if conv.moves is not None:
+            x = self.regroup(x, dims, conv.moves, dims, name)
+        if conv.flatten:
+            x = self.to_flat(x, dims, conv.dst)
+        return x
+
+    # ------------------------------------------------------------ regrouping
+    def regroup(self, x: Any, in_dims: tuple, mv: Moves, out_dims: tuple, name: str) -> Any:
+        """Move local block ``x`` (axes ``in_dims``) to the placement of ``out_dims`` as the
+        plan's :class:`Moves` say (see the module doc)."""
+        import jax.numpy as jnp
+        from jax import lax
 
         def size(key: tuple) -> int:
             return key[1] // key[2]
 
         cur: list[tuple] = []
         for d in in_dims:
-            cur.extend(fines(local_in[d]))
+            cur.extend(mv.fines(mv.local_in[d]))
         x = jnp.reshape(x, tuple(size(k) for k in cur))
-
-        free = {a for a in pos_in if pos_out.get(a) == pos_in[a]}
-        gather = [a for a in pos_in if a not in pos_out]
-        slices = [a for a in pos_out if a not in pos_in]
-        moved = [a for a in pos_in if a in pos_out and a not in free]
-        a2a = []
-        for a in self.mesh_order(moved):
-            target = fines(pos_out[a])
-            if all(k in cur for k in target):
-                a2a.append(a)
-            else:  # its target place is held by another mesh axis: gather, then slice
-                gather.append(a)
-                slices.append(a)
-                self.notes.append(f"reshape {name!r}: mesh axis {a!r} moves onto a place another axis "
-                                  "holds; lowered as all-gather + local slice, not all-to-all")
 
         def bring(keys: list[tuple], x: Any) -> Any:
             """Transpose ``keys`` (in order) to the end of the local array."""
@@ -364,38 +352,37 @@ class LocalOps:
             cur[:] = rest + keys
             return jnp.transpose(x, perm) if perm != list(range(len(perm))) else x
 
-        if a2a:
-            targets = [k for a in a2a for k in fines(pos_out[a])]
+        if mv.all_to_all:
+            targets = [k for a in mv.all_to_all for k in mv.fines(mv.pos_out[a])]
             x = bring(targets, x)
-            n = self.nsplit(tuple(a2a))
+            n = self.nsplit(mv.all_to_all)
             x = jnp.reshape(x, (1, *x.shape[: len(cur) - len(targets)], n))
-            x = lax.all_to_all(x, _axis_name(tuple(a2a)), x.ndim - 1, 0, tiled=True)
+            x = lax.all_to_all(x, axis_name(mv.all_to_all), x.ndim - 1, 0, tiled=True)
             cur[:] = [k for k in cur if k not in targets]
-            srcs = [k for a in a2a for k in fines(pos_in[a])]
+            srcs = [k for a in mv.all_to_all for k in mv.fines(mv.pos_in[a])]
             x = jnp.reshape(x, tuple(size(k) for k in srcs + cur))
             cur[:] = srcs + cur
-        gather = list(self.mesh_order(gather))
-        if gather:
-            x = lax.all_gather(x, _axis_name(tuple(gather)), axis=0, tiled=False, to="invarying")
-            srcs = [k for a in gather for k in fines(pos_in[a])]
+        if mv.all_gather:
+            x = lax.all_gather(x, axis_name(mv.all_gather), axis=0, tiled=False, to="invarying")
+            srcs = [k for a in mv.all_gather for k in mv.fines(mv.pos_in[a])]
             x = jnp.reshape(x, tuple(size(k) for k in srcs + cur))
             cur[:] = srcs + cur
-        for a in self.mesh_order(slices):
-            if a not in pos_in or a in gather:
-                keys = fines(pos_out[a])
-                if not all(k in cur for k in keys):
-                    raise LoweringError(f"internal: reshape {name!r} cannot slice axis {a!r}")
-                x = bring(keys, x)
-                x = jnp.reshape(x, (*x.shape[: len(cur) - len(keys)], math.prod(size(k) for k in keys)))
-                x = self.slice_block(x, x.ndim - 1, (a,))[..., 0]
-                cur[:] = cur[: len(cur) - len(keys)]
-        order = [k for d in out_dims if d not in new_dims for k in fines(local_out[d])]
+        for a in mv.slices:
+            keys = mv.fines(mv.pos_out[a])
+            if not all(k in cur for k in keys):
+                raise LoweringError(f"internal: regrouping {name!r} cannot slice axis {a!r}")
+            x = bring(keys, x)
+            x = jnp.reshape(x, (*x.shape[: len(cur) - len(keys)], math.prod(size(k) for k in keys)))
+            x = self.slice_block(x, x.ndim - 1, (a,))[..., 0]
+            cur[:] = cur[: len(cur) - len(keys)]
+        kept = [d for d in out_dims if d not in mv.new_dims]
+        order = [k for d in kept for k in mv.fines(mv.local_out[d])]
         if sorted(order) != sorted(cur):
-            raise LoweringError(f"internal: reshape {name!r} left digits {cur}, expected {order}")
+            raise LoweringError(f"internal: regrouping {name!r} left digits {cur}, expected {order}")
         x = bring(order, x)
-        kept = [d for d in out_dims if d not in new_dims]
-        x = jnp.reshape(x, tuple(self.lsize(d, out_form) for d in kept))
-        if new_dims:
+        x = jnp.reshape(x, tuple(size(mv.local_out[d]) for d in kept))
+        if mv.new_dims:
             x = align(x, kept, out_dims)
-            x = jnp.broadcast_to(x, tuple(self.lsize(d, out_form) for d in out_dims))
+            x = jnp.broadcast_to(x, tuple(mv.new_dims[d] if d in mv.new_dims else x.shape[i]
+                                          for i, d in enumerate(out_dims)))
         return x

@@ -11,7 +11,8 @@ import numpy as np
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.hardware import get_hardware
-from autolayout.costmodel.predict import Cost, predict, resolve_layout
+from autolayout.costmodel.plan import plan as make_plan
+from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
 from autolayout.graph import Graph, align
 
@@ -264,17 +265,8 @@ def make_args(graph: Graph, seed: int, shardings: Sequence[Any] | None = None) -
 # ---------------------------------------------------------------------------- outputs
 def assemble_outputs(graph: Graph, out_tensors: Sequence[str], values: Sequence[Any]) -> list[Any]:
     """Graph output tensors -> the traced function's output leaves (positional)."""
-    import jax.numpy as jnp
-
     by_name = dict(zip(out_tensors, values))
-    outs = []
-    for spec in graph.outputs:
-        if spec.tensor is None:
-            outs.append(jnp.broadcast_to(jnp.asarray(spec.literal, dtype=spec.dtype), spec.shape))
-            continue
-        y = align(by_name[spec.tensor], graph.tensor(spec.tensor).dim_names, spec.dims)
-        outs.append(jnp.broadcast_to(y, spec.shape).astype(spec.dtype))
-    return outs
+    return [graph.output_value(spec, by_name.get(spec.tensor)) for spec in graph.outputs]
 
 
 def _place(prog: Any, jmesh: Any, values: Sequence[Any], specs: Sequence[Any], backend: str) -> list:
@@ -287,7 +279,7 @@ def _place(prog: Any, jmesh: Any, values: Sequence[Any], specs: Sequence[Any], b
     out = []
     for name, x, spec in zip(prog.g.input_names, values, specs):
         if backend == "shard_map" and name in prog.flat_io:
-            layout_spec = prog.spec(name, form=None)
+            layout_spec = prog.spec(name, layout=True)
             x = jax.device_put(x, NamedSharding(jmesh, layout_spec))
             x = jax.jit(jax.shard_map(prog.to_step(name), mesh=jmesh, in_specs=layout_spec,
                                       out_specs=spec))(x)
@@ -304,7 +296,7 @@ def _finish(prog: Any, jmesh: Any, tensors: Sequence[Any], backend: str) -> list
     for i, name in enumerate(prog.out_tensors):
         if backend == "shard_map" and name in prog.flat_io:
             tensors[i] = jax.jit(jax.shard_map(prog.from_step(name), mesh=jmesh, in_specs=prog.spec(name),
-                                               out_specs=prog.spec(name, form=None)))(tensors[i])
+                                               out_specs=prog.spec(name, layout=True)))(tensors[i])
     return jax.jit(lambda *xs: assemble_outputs(prog.g, prog.out_tensors, xs))(*tensors)
 
 
@@ -366,15 +358,16 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     amesh, jmesh = _jax_mesh(mesh, devices)
-    amesh, layout, axes_of = resolve_layout(graph, amesh, layout)
+    the_plan = make_plan(graph, amesh, layout)
+    layout = the_plan.layout
     hw = get_hardware(hardware) if hardware is not None else default_hardware(jmesh)
-    cost = predict(graph, amesh, layout, hw)
+    cost = price_plan(the_plan, hw)
     from jax.sharding import NamedSharding
 
     from autolayout.exec.lower import ShardProgram
-    prog = ShardProgram(graph, amesh, layout, axes_of)
+    prog = ShardProgram(the_plan)
     if args is None:
-        args = make_args(graph, seed, [NamedSharding(jmesh, prog.spec(n, form=None)) for n in graph.input_names])
+        args = make_args(graph, seed, [NamedSharding(jmesh, prog.spec(n, layout=True)) for n in graph.input_names])
     leaves = check_args(graph, args)
     squeezed = [_to_tensor(graph, n, leaf) for leaf, n in zip(leaves, graph.input_names)]
     if backend == "shard_map":
@@ -383,14 +376,14 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
                               check_vma=True)
     else:
         from autolayout.exec.gspmd import gspmd_body, gspmd_spec
-        specs = tuple(gspmd_spec(prog, n) for n in graph.input_names)
-        inner = gspmd_body(prog, jmesh)
+        specs = tuple(gspmd_spec(the_plan, n) for n in graph.input_names)
+        inner = gspmd_body(the_plan, jmesh, prog.out_tensors)
     in_shardings = [NamedSharding(jmesh, s) for s in specs]
     placed = _place(prog, jmesh, squeezed, specs, backend)
 
     t0 = time.perf_counter()
     out_shardings = None if backend == "shard_map" else tuple(
-        NamedSharding(jmesh, gspmd_spec(prog, n)) for n in prog.out_tensors)
+        NamedSharding(jmesh, gspmd_spec(the_plan, n)) for n in prog.out_tensors)
     donors = set(getattr(graph, "donated", {}).values())
     donate = tuple(i for i, n in enumerate(graph.input_names) if n in donors)
     lowered = jax.jit(inner, in_shardings=in_shardings, out_shardings=out_shardings,
@@ -432,7 +425,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         compiled_collectives=compiled_colls, optimized_collectives=post, predicted=cost,
         collectives_match=match, xla_flops=float(ca.get("flops", float("nan"))),
         xla_bytes_accessed=float(ca.get("bytes accessed", float("nan"))), xla_memory=mem,
-        compile_s=compile_s, notes=tuple(dict.fromkeys(prog.notes + _xla_notes(graph))), _step=stepper)
+        compile_s=compile_s, notes=tuple(dict.fromkeys(_xla_notes(graph))), _step=stepper)
     ex.comparison = comparison_table(ex)
     return ex
 

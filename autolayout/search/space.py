@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autolayout.core import Layout, Mesh
-from autolayout.costmodel.rules import REDUCING
+from autolayout.costmodel.plan import REDUCING, unsplittable
 from autolayout.graph import Graph
 
 __all__ = ["Space", "enumerate_layouts", "conflict_groups"]
@@ -66,6 +66,7 @@ class Space:
         self.axes: tuple[str, ...] = tuple(a for a, s in mesh if include_trivial or s > 1)
         self.dims: tuple[str, ...] = tuple(d for d in graph.dims if d not in graph.loop_dims)
         self.size = {d: graph.dims[d] for d in self.dims}
+        self.fixed = {d for op in graph.ops() for d in unsplittable(op)}
         self.rank = {d: i for i, d in enumerate(self.dims)}
         self.groups = conflict_groups(graph)
         self.conflicts: dict[str, set[str]] = {d: set() for d in self.dims}
@@ -76,7 +77,7 @@ class Space:
         self.subsets: dict[str, list[tuple[str, ...]]] = {}
         for d in self.dims:
             opts = []
-            for r in range(len(self.axes) + 1):
+            for r in range(len(self.axes) + 1 if d not in self.fixed else 1):
                 for combo in itertools.combinations(self.axes, r):
                     n = math.prod(mesh.axis_size(a) for a in combo)
                     if self.size[d] % n == 0:
@@ -86,7 +87,7 @@ class Space:
 
     def usable(self, d: str, m: str) -> bool:
         """Whether dim ``d`` can be split over axis ``m`` at all (divisibility of the axis alone)."""
-        return d in self.size and self.size[d] % self.mesh.axis_size(m) == 0
+        return d in self.size and d not in self.fixed and self.size[d] % self.mesh.axis_size(m) == 0
 
     def order(self, dims: Any) -> tuple[str, ...]:
         """Non-loop dims of ``dims`` in canonical (graph) order."""

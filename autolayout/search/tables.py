@@ -29,7 +29,7 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import tensor_bytes
+from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
@@ -142,19 +142,21 @@ class Tables:
             hit = self._tdims[t.name] = self.space.order(t.dim_names)
         return hit
 
-    def tensor_bytes(self, t: Tensor, shrink: int = 1) -> np.ndarray:
-        """Local bytes ``t`` takes in memory (as ``costmodel.memory.peak_memory`` counts them)
-        for each assignment of its group: ``ceil(tensor_bytes / shrink)`` if the tensor is
-        materialised, 0 if it is an elementwise intermediate fused into its consumers."""
+    def tensor_bytes(self, t: Tensor) -> np.ndarray:
+        """Local bytes ``t`` takes in memory under the layout's rules (as a plan's
+        ``local_bytes`` counts them) for each assignment of its group; 0 if it is an
+        elementwise intermediate fused into its consumers."""
         dims = self.tensor_dims(t)
         op = self.graph.op(t.name)
         materialised = not op.hbm or op.hbm[-1]
-        key = (tuple((d.name, d.size) for d in t.shape), t.itemsize, shrink, materialised)
+        key = (tuple((d.name, d.size) for d in t.shape), t.itemsize, materialised)
         hit = self._tensor_bytes.get(key)
         if hit is None:
             g = self.group(dims)
-            hit = np.array([-(-tensor_bytes(t, g.axes_of(i), self.fast_mesh) // shrink) if materialised else 0
-                            for i in range(len(g.assignments))], dtype=np.int64)
+            names = t.dim_names
+            hit = np.array([Placement.of(names, g.axes_of(i)).local_elements(self.graph.dims, self.fast_mesh)
+                            * t.itemsize if materialised else 0 for i in range(len(g.assignments))],
+                           dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit
 
