@@ -287,6 +287,42 @@ def test_parse_collectives():
     assert cs[2].computation == "main.9" and cs[2].name == "psum.5"
 
 
+def test_parse_collectives_mesh_axes():
+    """Replica groups list positions in the mesh's device array (row-major). On rows:2,cols:4:
+    {{0,4},...} varies the row only; {{0,1},...} varies the column but holds 2 of its 4
+    positions (not a whole axis: unknown); [2,4]<=[4,2]T(1,0) is iota(8) as [4,2] transposed,
+    groups {0,2,4,6}: rows 0-1 x cols 0,2, again not whole axes; {} and [1,8]<=[8] span both."""
+    cs = parse_collectives(HLO, 8, [("rows", 2), ("cols", 4)])
+    assert [c.mesh_axes for c in cs] == [("?",), ("?",), ("rows",), ("rows", "cols"), ("?",), ("cols",),
+                                         ("rows", "cols")]
+    cs = parse_collectives(HLO, 8, [("a", 4), ("b", 2)])  # {0,1} spans b; {0,4} is not a sub-mesh
+    assert [c.mesh_axes for c in cs][:3] == [("b",), ("b",), ("?",)]
+
+
+def test_mesh_axes_must_match_not_only_sizes():
+    """An all-reduce over 'cols' and one over 'planes' have the same kind, bytes and group size
+    on rows:2,cols:2,planes:2; only the mesh axes tell them apart."""
+    from autolayout.costmodel.rules import Collective
+    from autolayout.exec.hlo import compare
+    text = ("ENTRY %m (p: f32[4]) -> f32[4] {\n"
+            "  ROOT ar = f32[4]{0} all-reduce(p), replica_groups={{0,2},{1,3},{4,6},{5,7}}, to_apply=%r\n}\n")
+    mesh = [("rows", 2), ("cols", 2), ("planes", 2)]
+    comp = parse_collectives(text, 8, mesh)
+    assert comp[0].mesh_axes == ("cols",)
+    assert compare([Collective("all-reduce", 16, 2, ("cols",))], comp, mesh)[0]
+    assert not compare([Collective("all-reduce", 16, 2, ("planes",))], comp, mesh)[0]
+    assert "over planes" in diff_text([Collective("all-reduce", 16, 2, ("planes",))], comp, mesh)
+
+
+def test_non_power_of_two_axis_with_weight_update_sharding():
+    """6 devices: no dim of w/bias/v divides by 6, so every update shard is flattened and
+    padded; the compiled collectives (with their mesh axes) equal the plan's."""
+    g = models.mlp(batch=12, d_io=8, d_hidden=16)
+    ex = run(g, "all:6", "batch:all|w:all;bias:all;v:all")
+    check(ex)
+    assert sorted(c.kind for c in ex.compiled_collectives).count("reduce-scatter") == 3
+
+
 def test_diff_is_readable():
     from autolayout.costmodel.rules import Collective
     pred = [Collective("all-reduce", 64, 2, ("rows",), op="dot_general_3")]

@@ -313,3 +313,16 @@ def test_time_out_returns_a_layout_not_an_exception():
 def test_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         search(graph("mlp_tiny"), **kwargs)
+
+
+@pytest.mark.parametrize("mesh", ["data:24", "node:6,gpu:4"], ids=["24-devices", "6x4"])
+def test_non_power_of_two_data_parallel_search_equals_predict(mesh):
+    """A data-parallel run on 24 GPUs: no dim of d_model=1000 / d_ff=4000 divides by 24, so
+    weight-update shards are flattened and padded; the search's objective (the same plan,
+    priced per option) equals predict's time of the layout it returns."""
+    g = models.transformer_lm(d_model=1000, d_ff=4000, heads=10, d_kv=100, n_layers=4, vocab=5000,
+                              batch=48, length=64)
+    r = search(g, mesh, hardware="h100", memory_limit=INF)
+    assert_exact(r)
+    assert r.layout.update_sharding  # the weight updates are sharded over the data axis
+    assert r.cost.memory_bytes < predict(g, mesh, Layout(r.layout.rules), "h100").memory_bytes

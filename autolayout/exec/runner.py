@@ -40,7 +40,7 @@ class Execution:
     ``optimized_collectives`` always come from ``compiled_hlo_text``.
     ``collectives_match`` compares ``predicted.collectives`` (one entry per op
     collective, ``count`` not expanded) with ``compiled_collectives`` as
-    multisets of ``(kind, bytes, group size)``: see :mod:`autolayout.exec.hlo`.
+    multisets of ``(kind, bytes, group size, mesh axes)``: see :mod:`autolayout.exec.hlo`.
     A mismatch is kept, with :meth:`collective_diff` saying what differs.
 
     Timing: ``step_time_s`` is the median of ``step_times_s`` (``repeats`` runs
@@ -98,7 +98,7 @@ class Execution:
 
     def collective_diff(self) -> str:
         """Readable diff of predicted vs compiled collectives (``""`` when they match)."""
-        return hlo.diff_text(self.predicted.collectives, self.compiled_collectives)
+        return hlo.diff_text(self.predicted.collectives, self.compiled_collectives, self.mesh.axes)
 
     def summary(self) -> str:
         match = "match" if self.collectives_match else "MISMATCH"
@@ -406,10 +406,10 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         ref, abs_err, rel_err = None, float("nan"), float("nan")
 
     n = amesh.size
-    pre = tuple(hlo.parse_collectives(hlo_text, n))
-    post = tuple(hlo.parse_collectives(compiled_text, n))
+    pre = tuple(hlo.parse_collectives(hlo_text, n, amesh.axes))
+    post = tuple(hlo.parse_collectives(compiled_text, n, amesh.axes))
     compiled_colls = pre if backend == "shard_map" else post
-    match, _, _ = hlo.compare(cost.collectives, compiled_colls)
+    match, _, _ = hlo.compare(cost.collectives, compiled_colls, amesh.axes)
     ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):
         ca = ca[0] if ca else {}
