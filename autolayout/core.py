@@ -50,14 +50,14 @@ class LayoutError(ValueError):
 
 # Names must not contain the separators of the string forms, so that every
 # Mesh and Layout prints to a string that parses back to the same value.
-_NAME_RE = re.compile(r"[^\s:;,|]+")
+_NAME_RE = re.compile(r"[^\s:;,|@]+")
 _AUTO_AXIS_NAMES = {1: ("all",), 2: ("rows", "cols"), 3: ("rows", "cols", "planes")}
 
 
 def _check_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise LayoutError(
-            f"{what} must be a non-empty string without whitespace or any of ':;,|', got {name!r}"
+            f"{what} must be a non-empty string without whitespace or any of ':;,|@', got {name!r}"
         )
     return name
 
@@ -212,6 +212,10 @@ def _parse_mesh_string(text: str) -> list[tuple[str, int]]:
 # ------------------------------------------------------------------------- Layout
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
+Storage = tuple[tuple[str, tuple[str, ...], int], ...]
+STAGES = (1, 2, 3)
+# stage spellings people use (ZeRO, Rajbhandari et al. 2020; FSDP is ZeRO-3)
+_STAGE_NAMES = {"1": 1, "2": 2, "3": 3, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
 
 
 @dataclass(frozen=True, init=False)
@@ -250,34 +254,49 @@ class Layout:
         tensor w[d_io, hidden]     -> P(None, 'cols')
             replicated over 'rows' and 'planes'
 
-    **Weight-update sharding** (Xu et al., "Automatic Cross-Replica Sharding of
-    Weight Update in Data-Parallel Training"): ``update_sharding`` maps a
-    parameter tensor name to mesh axes over which its weight update and
-    optimizer state are sharded even though the parameter itself is replicated
-    there (reduce-scatter gradient, update a shard, all-gather the result).
+    **Storage sharding** (ZeRO stages; weight-update sharding, Xu et al., "Automatic
+    Cross-Replica Sharding of Weight Update in Data-Parallel Training", seed 003):
+    after the ``|``, entries ``param:axes[@stage]`` store a parameter's training state
+    split over mesh axes its dims leave free (axes over which its gradient is summed,
+    i.e. that split the batch):
+
+    * ``@1`` (the default, written without a suffix): the optimizer state and the
+      update are sharded; the gradient is reduced into the shard once per step; the
+      updated weights are all-gathered once per step (ZeRO-1, seed 003);
+    * ``@2``: as ``@1``, and gradients are held sharded: reduce-scattered one layer at a
+      time inside the backward scan (ZeRO-2);
+    * ``@3``: as ``@2``, and the weights themselves are stored sharded and all-gathered
+      just before each use, per layer inside the scan, in the forward and again in the
+      backward pass (ZeRO-3, FSDP).
+
+    The key ``*`` applies an entry to every parameter not named otherwise (on the axes
+    that parameter allows): ``"batch:data,fsdp;heads:tensor|*:fsdp@3"`` is MaxText's
+    FSDP over ``fsdp``.
 
     Layouts are frozen and hashable. Rule order is kept (it is what you wrote);
     use :meth:`canonical` to compare independent of order.
     """
 
     rules: Rules
-    update_sharding: Rules = field(default=())
+    storage: Storage = field(default=())
 
-    def __init__(self, rules: Any = None, update_sharding: Any = None) -> None:
+    def __init__(self, rules: Any = None, storage: Any = None, *, update_sharding: Any = None) -> None:
+        if update_sharding is not None:
+            if storage is not None:
+                raise LayoutError("storage sharding given twice (storage= and update_sharding=); give it once")
+            storage = update_sharding
         if isinstance(rules, Layout):
-            rules, upd = rules.rules, rules.update_sharding
+            rules, upd = rules.rules, rules.storage
         elif isinstance(rules, str):
             rules, _, upd = rules.partition("|")
         else:
             upd = None
-        if upd and update_sharding is not None:
+        if upd and storage is not None:
             raise LayoutError(
-                "weight-update sharding given twice (in the layout and as update_sharding=); give it once"
-            )
+                "storage (weight-update) sharding given twice (in the layout after '|' and as an "
+                "argument); give it once")
         object.__setattr__(self, "rules", _normalise_rules(rules, "dim"))
-        object.__setattr__(
-            self, "update_sharding", _normalise_rules(upd if upd else update_sharding, "parameter")
-        )
+        object.__setattr__(self, "storage", _normalise_storage(upd if upd else storage))
 
     @classmethod
     def parse(cls, text: str) -> Layout:
@@ -300,23 +319,36 @@ class Layout:
                 return axes
         return ()
 
+    @property
+    def update_sharding(self) -> Rules:
+        """``(parameter or "*", mesh axes)`` of every storage entry (any stage)."""
+        return tuple((key, axes) for key, axes, _ in self.storage)
+
+    def storage_of(self, param: str) -> tuple[tuple[str, ...], int]:
+        """``(mesh axes, ZeRO stage)`` of parameter ``param``'s storage entry (its own, else
+        the ``*`` entry), or ``((), 0)`` if it has none."""
+        star = ((), 0)
+        for key, axes, stage in self.storage:
+            if key == param:
+                return axes, stage
+            if key == "*":
+                star = (axes, stage)
+        return star
+
     def update_axes_of(self, param: str) -> tuple[str, ...]:
-        """Mesh axes the weight update of parameter ``param`` is sharded over."""
-        for p, axes in self.update_sharding:
-            if p == param:
-                return axes
-        return ()
+        """Mesh axes the storage (weight update) of parameter ``param`` is sharded over."""
+        return self.storage_of(param)[0]
 
     def as_dict(self) -> dict[str, tuple[str, ...]]:
         return dict(self.rules)
 
     def mesh_axes(self) -> set[str]:
-        """Every mesh axis named by a rule or an update-sharding entry."""
+        """Every mesh axis named by a rule or a storage entry."""
         return {a for _, axes in self.rules + self.update_sharding for a in axes}
 
     def canonical(self) -> Layout:
-        """The same layout with rules and update-sharding entries sorted by name."""
-        return Layout(sorted(self.rules), sorted(self.update_sharding))
+        """The same layout with rules and storage entries sorted by name."""
+        return Layout(sorted(self.rules), sorted(self.storage))
 
     def local_size(self, dim: Dim, mesh: Any) -> int:
         """Size of ``dim`` on one device: its size / product of its mesh axes."""
@@ -382,8 +414,16 @@ class Layout:
         return Layout(_replace(self.rules, dim, None), self.update_sharding)
 
     def with_update_sharding(self, param: str, axes: str | Sequence[str] | None) -> Layout:
-        """A copy whose weight update of ``param`` is sharded over ``axes`` (None removes it)."""
-        return Layout(self.rules, _replace(self.update_sharding, param, axes))
+        """A copy whose weight update of ``param`` is sharded over ``axes`` (stage 1; None removes it)."""
+        return self.with_storage(param, axes, 1)
+
+    def with_storage(self, param: str, axes: str | Sequence[str] | None, stage: int = 1) -> Layout:
+        """A copy storing ``param`` (or ``"*"``) split over ``axes`` at ZeRO ``stage`` (None removes it)."""
+        entries = [(k, a, s) for k, a, s in self.storage if k != param]
+        if axes is not None and not (isinstance(axes, (tuple, list)) and not axes):
+            at = next((i for i, (k, _, _) in enumerate(self.storage) if k == param), len(entries))
+            entries.insert(at, (param, axes, stage))
+        return Layout(self.rules, entries)
 
     # -- validation ---------------------------------------------------------------
     def validate(self, graph: Any, mesh: Any) -> Layout:
@@ -398,8 +438,9 @@ class Layout:
     # -- printing -------------------------------------------------------------------
     def __str__(self) -> str:
         text = _format_rules(self.rules)
-        if self.update_sharding:
-            text += "|" + _format_rules(self.update_sharding)
+        if self.storage:
+            text += "|" + ";".join(f"{key}:{','.join(axes)}" + (f"@{stage}" if stage != 1 else "")
+                                   for key, axes, stage in self.storage)
         return text
 
     def __repr__(self) -> str:
@@ -472,6 +513,61 @@ def _normalise_rules(spec: Any, what: str) -> Rules:
         out[key] = _axes_tuple(axes, key, what)
     # An explicit None/() means "unsplit", which is the same as having no rule.
     return tuple((k, v) for k, v in out.items() if v)
+
+
+def _normalise_storage(spec: Any) -> Storage:
+    """Storage entries ``(param or "*", axes, stage)`` from ``"w:rows@3;*:rows"``, a mapping
+    ``{param: axes}`` (stage 1) or ``{param: (axes, stage)}``, or ``(param, axes[, stage])``
+    items; reject duplicates and unknown stages."""
+    if spec is None:
+        return ()
+    items: list[tuple[str, Any, Any]] = []
+    if isinstance(spec, str):
+        for part in spec.split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, rest = (x.strip() for x in part.partition(":"))
+            axes, at, stage = (x.strip() for x in rest.partition("@"))
+            if not sep or not axes:
+                raise LayoutError(
+                    f"cannot read storage entry {part!r}: expected 'parameter:axis[@stage]' separated by "
+                    "';' after the '|', e.g. 'batch:rows|w:rows' or 'batch:rows|*:rows@3'")
+            items.append((key, axes, stage if at else None))
+    else:
+        raw = list(spec.items()) if isinstance(spec, Mapping) else list(spec) if isinstance(spec, Iterable) else None
+        if raw is None:
+            raise LayoutError(f"cannot read storage sharding from {spec!r}; expected e.g. 'w:rows@3' or "
+                              "{'w': 'rows'}")
+        for item in raw:
+            if isinstance(item, str):
+                items.extend(_normalise_storage(item))
+                continue
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise LayoutError(f"cannot read storage entry {item!r}; expected (parameter, axes[, stage])")
+            key, axes, *stage = item
+            if not stage and isinstance(axes, (tuple, list)) and len(axes) == 2 and isinstance(axes[1], int) \
+                    and not isinstance(axes[1], bool):
+                axes, stage = axes[0], [axes[1]]  # {param: (axes, stage)}
+            items.append((key, axes, stage[0] if stage else None))
+    out: dict[str, tuple[tuple[str, ...], int]] = {}
+    for key, axes, stage in items:
+        if key != "*":
+            _check_name(key, "parameter name")
+        if isinstance(axes, str) and "@" in axes:
+            axes, _, stage = axes.partition("@")
+        if key in out:
+            raise LayoutError(
+                f"parameter {key!r} has two rules (storage entries); give each parameter one entry, "
+                f"listing several axes as '{key}:rows,cols'")
+        st = 1 if stage is None else _STAGE_NAMES.get(str(stage).strip().lower())
+        if st is None:
+            raise LayoutError(f"storage entry for {key!r}: unknown stage {stage!r}; use 1, 2 or 3 (ZeRO stage; "
+                              "'fsdp' = 3), e.g. 'w:rows@3'")
+        ax = _axes_tuple(axes, key, "parameter")
+        if ax:
+            out[key] = (ax, st)
+    return tuple((k, a, s) for k, (a, s) in out.items())
 
 
 def _replace(rules: Rules, key: str, axes: Any) -> list[tuple[str, Any]]:
@@ -581,6 +677,8 @@ def validate_layout(layout: Any, graph: Any, mesh: Any) -> None:
 
     by_name = {t.name: t for t in tensors}
     for param, axes in layout.update_sharding:
+        if param == "*":
+            continue  # applies to each parameter on the axes it allows (costmodel.plan)
         t = by_name.get(param)
         if t is None or getattr(t, "role", None) != "param":
             params = sorted(n for n, x in by_name.items() if getattr(x, "role", None) == "param")

@@ -231,6 +231,40 @@ def test_layout_construction_errors(spec, match):
         Layout(spec)
 
 
+@pytest.mark.parametrize("text, storage", [
+    ("batch:rows|w:rows", (("w", ("rows",), 1),)),
+    ("batch:rows|w:rows@2", (("w", ("rows",), 2),)),
+    ("batch:rows,cols|*:rows,cols@3", (("*", ("rows", "cols"), 3),)),
+    ("batch:rows|*:rows@3;embed:rows", (("*", ("rows",), 3), ("embed", ("rows",), 1))),
+], ids=["stage1-default", "stage2", "fsdp-star", "star-and-override"])
+def test_layout_storage_stages_round_trip(text, storage):
+    layout = Layout.parse(text)
+    assert layout.storage == storage
+    assert str(layout) == text and Layout.parse(str(layout)) == layout
+    assert eval(repr(layout), {"Layout": Layout}) == layout
+
+
+def test_layout_storage_of_and_aliases():
+    layout = Layout("batch:data|*:data@fsdp;embed:data@zero1")
+    assert str(layout) == "batch:data|*:data@3;embed:data"
+    assert layout.storage_of("layers/w1") == (("data",), 3)  # the '*' entry
+    assert layout.storage_of("embed") == (("data",), 1)
+    assert Layout("batch:data").storage_of("w") == ((), 0)
+    assert Layout({"batch": "data"}, {"w": (("data",), 2)}) == Layout("batch:data|w:data@2")
+    assert str(Layout("b:x").with_storage("w", "x", 3).with_storage("v", "x")) == "b:x|w:x@3;v:x"
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("batch:rows|w:rows@4", r"storage entry for 'w': unknown stage '4'; use 1, 2 or 3"),
+    ("batch:rows|w@3", r"cannot read storage entry 'w@3'.*'parameter:axis\[@stage\]'"),
+    ("batch:rows|w:rows;w:cols@3", r"parameter 'w' has two rules"),
+    ({"b@x": "rows"}, r"without whitespace or any of ':;,\|@'"),
+], ids=["bad-stage", "no-axes", "dup", "at-in-name"])
+def test_layout_storage_errors(spec, match):
+    with pytest.raises(LayoutError, match=match):
+        Layout(spec)
+
+
 def test_layout_update_sharding_given_twice():
     with pytest.raises(LayoutError, match="given twice"):
         Layout("batch:rows|w:rows", update_sharding={"v": "rows"})

@@ -219,7 +219,8 @@ def test_liveness_peak_of_a_chain():
     assert cost.memory_bytes == 3 * x_bytes + s_bytes
     cost = predict(g, "all:4", "a:all")
     assert cost.memory_bytes == (3 * x_bytes + s_bytes) // 4
-    assert cost.memory == {"params": 0, "grads": 0, "opt_state": 0, "activations": (3 * x_bytes + s_bytes) // 4}
+    assert cost.memory == {"params": 0, "grads": 0, "opt_state": 0, "activations": (3 * x_bytes + s_bytes) // 4,
+                           "transient": 0}
     g2 = trace(lambda x: jnp.tanh(jnp.exp(x)), jax.ShapeDtypeStruct((64, 32), jnp.float32), dims=("a b",))
     assert predict(g2, "all:4", "").memory_bytes == 2 * x_bytes  # exp(x) fused into tanh
 
@@ -350,3 +351,52 @@ def test_random_layouts_predict_consistently(case):
     assert c.comm_bytes == sum(x.bytes * x.count for x in c.collectives)
     for x in c.collectives:
         assert x.group_size == math.prod(int(sizes[a]) for a in x.mesh_axes)
+
+
+# ------------------------------------------------------------------ storage stages (ZeRO)
+STAGE_MODEL = dict(d_model=32, d_ff=64, heads=4, d_kv=8, n_layers=3, vocab=64, batch=16, length=8)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
+def test_storage_stage_bytes_per_tensor(stage):
+    """Data parallel over 8 devices with every parameter's storage sharded: optimizer state
+    is 1/8 of its bytes at every stage; gradients 1/8 from stage 2 on (stage 1 holds a
+    stacked layer gradient whole until the backward scan ends); weights 1/8 at stage 3 —
+    each against the tensor's own byte count."""
+    from autolayout.costmodel import plan
+    g = models.transformer_lm(**STAGE_MODEL)
+    p = plan(g, "all:8", f"batch:all|*:all@{stage}")
+    roles = g.param_roles if hasattr(g, "param_roles") else None
+    for t in g.params():
+        grad = roles[t.name].grad if roles else "grad/" + t.name
+        states = roles[t.name].opt_state if roles else [s.name for s in g.tensors()
+                                                         if s.role == "opt_state" and s.name.endswith("/" + t.name)]
+        assert p.local_bytes[t.name] == (t.nbytes // 8 if stage == 3 else t.nbytes), t.name
+        for s in states:
+            assert p.local_bytes[s] == g.tensor(s).nbytes // 8, s
+        stacked = "layers" in t.dim_names
+        full = stage == 1 and stacked
+        assert p.local_bytes[grad] == (g.tensor(grad).nbytes if full else g.tensor(grad).nbytes // 8), grad
+
+
+def test_storage_stage_collectives_per_step():
+    """Per stacked weight (3 layers): stage 1 reduce-scatters its gradient once and gathers
+    the new weights once; stage 2 reduce-scatters once per layer; stage 3 gathers each
+    layer's weights once in the forward and once in the backward scan, and never gathers
+    the updated stack."""
+    g = models.transformer_lm(**STAGE_MODEL)
+    L = STAGE_MODEL["n_layers"]
+
+    def counts(stage):
+        c = predict(g, "all:8", f"batch:all|layers/w1:all@{stage}")
+        rs = sum(x.count for x in c.collectives if x.kind == "reduce-scatter")
+        ag = [x for x in c.collectives if x.kind == "all-gather"]
+        return rs, sum(x.count for x in ag), {x.count for x in ag}
+
+    assert counts(1) == (1, 1, {1})
+    assert counts(2) == (L, 1, {1})
+    rs, ag, per = counts(3)
+    assert (rs, ag, per) == (L, 2 * L, {L})
+    w1 = g.tensor("layers/w1")
+    gathers = [x for x in predict(g, "all:8", "batch:all|layers/w1:all@3").collectives if x.kind == "all-gather"]
+    assert {x.bytes for x in gathers} == {w1.nbytes // L // 8}  # one layer's shard per gather

@@ -54,7 +54,8 @@ def check(ex: Execution) -> None:
 def valid_layouts(draw, name: str, wus: bool = True):
     """A random mesh and a random layout ``predict`` accepts (rejection sampling): each mesh
     axis goes to a random dim (several axes may split one dim, in random major/minor
-    order) or to none; sometimes weight-update sharding of random parameters."""
+    order) or to none; sometimes storage sharding of random parameters at random ZeRO
+    stages."""
     g = graph(name)
     mesh = Mesh(draw(st.sampled_from(MESHES)))
     rnd = draw(st.randoms(use_true_random=False))
@@ -65,10 +66,11 @@ def valid_layouts(draw, name: str, wus: bool = True):
         for a in rnd.sample(mesh.axis_names, len(mesh.axis_names)):
             if rnd.random() < 0.85:
                 rules.setdefault(rnd.choice(dims), []).append(a)
-        upd = {}
+        upd = []
         if wus and rnd.random() < 0.5:
             for p in rnd.sample(params, rnd.randint(1, min(3, len(params)))):
-                upd[p] = rnd.sample(mesh.axis_names, rnd.randint(1, len(mesh.axis_names)))
+                upd.append((p, rnd.sample(mesh.axis_names, rnd.randint(1, len(mesh.axis_names))),
+                            rnd.choice([1, 2, 3])))
         layout = Layout(rules, upd)
         try:
             resolve_layout(g, mesh, layout)
@@ -121,6 +123,32 @@ def test_known_layouts(name, mesh, layout):
     check(ex)
     if name == "transformer_lm":  # scan bodies: predicted once per op (count 2), once in the HLO
         assert any(c.count == 2 for c in ex.predicted.collectives)
+
+
+@pytest.mark.parametrize("name,mesh,layout", [
+    ("transformer_lm", "rows:4,cols:2", "batch:rows;vocab:cols|*:rows@1"),
+    ("transformer_lm", "rows:4,cols:2", "batch:rows;vocab:cols|*:rows@2"),
+    ("transformer_lm", "rows:4,cols:2", "batch:rows;vocab:cols|*:rows@3"),
+    ("transformer_lm", "rows:2,cols:2,planes:2", "batch:rows,planes;heads:cols|*:rows,planes@3"),
+    ("mlp", "rows:2,cols:4", "batch:rows,cols|*:rows,cols@3"),
+], ids=["zero1", "zero2", "zero3", "zero3-with-tensor-parallel", "zero3-mlp"])
+def test_storage_stages_execute(name, mesh, layout):
+    """Every ZeRO stage computes the reference numbers with the plan's collectives; at stage 3
+    the layer weights are gathered inside the scan bodies (once per iteration)."""
+    ex = run(graph(name), mesh, layout)
+    check(ex)
+    if layout.endswith("@3") and name == "transformer_lm":
+        bodies = {c.computation for c in ex.compiled_collectives if c.kind == "all-gather"}
+        assert any("body" in b or "while" in b for b in bodies), bodies
+        assert any(c.kind == "all-gather" and c.count == 2 for c in ex.predicted.collectives)
+
+
+def test_flattened_storage_shards_at_every_stage():
+    """No dim of several parameters divides by 8: their shards are flattened and padded per
+    layer, at each stage, and still compute the reference numbers."""
+    g = models.transformer_lm(d_model=12, d_ff=24, heads=2, d_kv=6, n_layers=2, vocab=24, batch=8, length=8)
+    for stage in (1, 3):
+        check(run(g, "all:8", f"batch:all|*:all@{stage}"))
 
 
 def test_flat_update_shards_are_padded():

@@ -176,18 +176,19 @@ def test_live_sets_reproduce_predict_memory(name, mesh):
         axes_of = dict(lay.rules)
         plain = Decoded(axes_of, {}, [])
         assert peak_of(points, sizes_of(tables, wus, plain))[0] == predict(g, mesh, lay).memory_bytes
-        # and with every weight update sharded that can be
-        active, upd = [], {}
-        for k, p in enumerate(wus):
-            i = tables.restrict(axes_of, p.dims)
-            for j, o in enumerate(p.options):
-                if o.index == i:
-                    active.append((k, j))
-                    upd[p.param] = o.axes
-        if upd:
-            point = Decoded(axes_of, upd, active)
-            lw = Layout(lay.rules, sorted(upd.items()))
-            assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes
+        # and with every parameter's storage sharded that can be, at each ZeRO stage
+        for stage in (1, 2, 3):
+            active, upd = [], {}
+            for k, p in enumerate(wus):
+                i = tables.restrict(axes_of, p.dims)
+                for j, o in enumerate(p.options):
+                    if o.index == i and o.stage == stage and p.param not in upd:
+                        active.append((k, j))
+                        upd[p.param] = (o.axes, o.stage)
+            if upd:
+                point = Decoded(axes_of, upd, active)
+                lw = Layout(lay.rules, [(p, *e) for p, e in sorted(upd.items())])
+                assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes
 
 
 def test_budget_below_any_layout_raises_with_the_smallest_memory():
@@ -266,7 +267,10 @@ def test_default_memory_limit_is_the_device_hbm():
 def test_every_mesh_form_gives_the_same_layout(mesh):
     lay = layout(graph("mlp"), mesh, memory_limit=INF)
     assert isinstance(lay, Layout)
-    assert str(lay) == "hidden:cols;batch:rows|bias:rows;v:rows;w:rows"
+    # w and v: their gradients come straight out of one matmul, so stages 1 and 2 are the
+    # same plan and the lower is reported; bias: its gradient passes an elementwise op,
+    # which stage 2 runs on the shard (faster than stage 1's full-size partial sums)
+    assert str(lay) == "hidden:cols;batch:rows|bias:rows@2;v:rows;w:rows"
 
 
 @pytest.mark.parametrize("n, max_axes, expected", [
@@ -326,3 +330,71 @@ def test_non_power_of_two_data_parallel_search_equals_predict(mesh):
     assert_exact(r)
     assert r.layout.update_sharding  # the weight updates are sharded over the data axis
     assert r.cost.memory_bytes < predict(g, mesh, Layout(r.layout.rules), "h100").memory_bytes
+
+
+def storage_oracle(g, mesh, hw, memory_limit=INF):
+    """Best (time, layout) over every valid layout and, per parameter, no storage sharding or
+    each ZeRO stage over the largest axis set predict accepts for it (the gradient's reduced
+    axes), found by trying every subset of mesh axes with predict itself."""
+    mesh, hw = Mesh.parse(mesh), get_hardware(hw)
+    params = [t.name for t in g.params()]
+    best = None
+    for lay in enumerate_layouts(g, mesh):
+        choices = []
+        for p in params:
+            ok = []
+            for r in range(1, len(mesh) + 1):
+                for axes in itertools.combinations(mesh.axis_names, r):
+                    try:
+                        predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hw)
+                        ok.append(axes)
+                    except LayoutError:
+                        pass
+            top = [a for a in ok if not any(set(a) < set(b) for b in ok)]
+            choices.append([None] + [(p, a, s) for a in top for s in (1, 2, 3)])
+        for combo in itertools.product(*choices):
+            entries = [c for c in combo if c is not None]
+            try:
+                c = predict(g, mesh, Layout(lay.rules, entries), hw)
+            except LayoutError:
+                continue  # e.g. stage 1 where the gradient path is not linear
+            if c.memory_bytes <= memory_limit and (best is None or c.time_s < best[0]):
+                best = (c.time_s, Layout(lay.rules, entries))
+    return best
+
+
+def adam_mlp(batch: int, io: int, hidden: int):
+    """A two-matrix MLP trained with Adam (optimizer state twice the weights)."""
+    import jax
+    import jax.numpy as jnp
+
+    import autolayout
+
+    def loss(p, b):
+        return jnp.sum((jax.nn.relu(b["x"] @ p["w"]) @ p["v"]) ** 2)
+
+    f32 = jnp.float32
+    params = {"w": jax.ShapeDtypeStruct((io, hidden), f32), "v": jax.ShapeDtypeStruct((hidden, io), f32)}
+    b = {"x": jax.ShapeDtypeStruct((batch, io), f32)}
+    return autolayout.trace(autolayout.train_step(loss, "adam", 1e-3), params,
+                            autolayout.init_opt_state("adam", params), b,
+                            dims=({"w": "io hidden", "v": "hidden io"}, None, {"x": "batch io"}),
+                            roles=("param", "opt_state", "input"), name="adam_mlp", donate_argnums=(0, 1))
+
+
+@pytest.mark.parametrize("limit_frac", [None, 0.5], ids=["no-limit", "tight-memory"])
+def test_search_with_storage_stages_equals_exhaustive_minimum(limit_frac):
+    """The search over layouts and per-parameter ZeRO stages finds the exhaustive optimum,
+    with and without a memory limit (half of data parallelism's) that only stage 3 meets
+    without losing time."""
+    g, mesh, hw = adam_mlp(4096, 1024, 4096), "rows:2,cols:2", "tpu-v3"
+    limit = INF
+    if limit_frac is not None:
+        limit = int(predict(g, mesh, "batch:rows,cols", hw).memory_bytes * limit_frac)
+    want = storage_oracle(g, mesh, hw, limit)
+    r = search(g, mesh, hardware=hw, memory_limit=limit)
+    assert_exact(r)
+    assert r.cost.memory_bytes <= limit
+    assert r.cost.time_s == pytest.approx(want[0], rel=1e-9, abs=r.tolerance_s)
+    if limit_frac is not None:
+        assert any(stage == 3 for _, _, stage in r.layout.storage), str(r.layout)

@@ -10,8 +10,10 @@ consumer. A scan is one step of the schedule: its stacked outputs are live
 throughout it, and its body adds the peak of one iteration's own tensors (an
 iteration's temporaries are freed before the next). The breakdown is taken at
 the peak: ``params``, ``opt_state``, ``grads`` (the parameters' gradients) and
-``activations`` (everything else: inputs, saved activations, temporaries); the
-categories come from ``graph.param_roles``.
+``activations`` (everything else: inputs, saved activations, temporaries), and
+``transient``: buffers an op holds only while it runs — inputs the plan gathers for
+it (an FSDP layer's weights), freed after; the categories come from
+``graph.param_roles``.
 """
 from __future__ import annotations
 
@@ -80,9 +82,12 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
     return order, last
 
 
-def peak_memory(graph: Graph, size: Mapping[str, int]) -> tuple[int, dict]:
+def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None
+                ) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
-    (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers)."""
+    (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers)
+    and the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered)."""
+    temps = temps or {}
     units, alloc, free = lifetimes(graph)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
@@ -96,20 +101,27 @@ def peak_memory(graph: Graph, size: Mapping[str, int]) -> tuple[int, dict]:
         running += delta[i]
         total = running
         if isinstance(u, Loop):
-            bodies[i] = _body_peak(graph, u, size)
+            bodies[i] = _body_peak(graph, u, size, temps)
             total += bodies[i][0]
+        else:
+            total += temps.get(u, 0)
         if total > best:
             best, best_at = total, i
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
-    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0}
+    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
-    for n in live + list(bodies.get(best_at, (0, []))[1]):
+    body_live, body_op = bodies.get(best_at, (0, [], None))[1:]
+    for n in live + list(body_live):
         breakdown[category[n]] += size[n]
+    unit = units[best_at] if units else None
+    breakdown["transient"] = temps.get(body_op if isinstance(unit, Loop) else unit, 0)
     return max(best, 0), breakdown
 
 
-def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int]) -> tuple[int, list]:
-    """Peak of one iteration's own tensors (carried values live for the whole iteration)."""
+def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int]
+               ) -> tuple[int, list, str | None]:
+    """Peak of one iteration's own tensors (carried values live for the whole iteration),
+    with the transient bytes of the op running there; the live tensors and that op."""
     order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
     delta = [0] * (end + 2)
@@ -119,6 +131,6 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int]) -> tuple[int, li
     best, best_at, running = 0, 0, 0
     for i in range(end):
         running += delta[i]
-        if running > best:
-            best, best_at = running, i
-    return best, [n for n in lp.body if order[n] <= best_at <= last[n]]
+        if running + temps.get(lp.body[i], 0) > best:
+            best, best_at = running + temps.get(lp.body[i], 0), i
+    return best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None)

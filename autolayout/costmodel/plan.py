@@ -10,7 +10,7 @@ decides a collective on its own.
 by default each dim split as the layout's rule for it says (Mesh-TensorFlow's
 global rules). Weight-update sharding (seed 003) stores a parameter's gradient
 path, optimizer state and update temporaries as shards over extra axes ``U``
-(:class:`UpdateShard`).
+(:class:`StorageShard`).
 
 **Ops.** Each op *computes* in a placement of its own dims (the rules, or the
 update shard for update ops). Per op kind (paper §6, Table 1):
@@ -41,14 +41,14 @@ from typing import Any
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Placement, Step, conversion,
                                             mesh_order, move_steps, moves, reduction)
+from autolayout.costmodel.storage import (BOUNDARY, REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
+                                          storage_shards)
 from autolayout.graph import Graph, Op, identity_groups
 
-__all__ = ["Plan", "OpPlan", "UpdateShard", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of", "opt_state_of",
-           "gradient_walk", "unsplittable", "REDUCING", "SOURCES"]
+__all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of",
+           "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]
 
-REDUCING = ("einsum", "reduce", "gather", "scatter")
 SOURCES = ("input", "param", "opt_state")
-BOUNDARY = ("stack", "result", "carry")
 
 
 class LoweringError(LayoutError):
@@ -67,26 +67,6 @@ def unsplittable(op: Op) -> tuple[str, ...]:
     return ()
 
 
-# ------------------------------------------------------------------ parameter roles
-def grad_of(graph: Graph, param: str) -> str | None:
-    roles = getattr(graph, "param_roles", None)
-    if roles is not None:
-        role = roles.get(param)
-        return role.grad if role is not None else None
-    name = "grad/" + param
-    return name if name in graph else None
-
-
-def opt_state_of(graph: Graph, param: str) -> list[str]:
-    roles = getattr(graph, "param_roles", None)
-    if roles is not None:
-        role = roles.get(param)
-        return list(role.opt_state) if role is not None else []
-    p = graph.tensor(param)
-    return [t.name for t in graph.tensors() if t.role == "opt_state" and "/" in t.name
-            and t.name.split("/", 1)[1] == param and set(t.dim_names) == set(p.dim_names)]
-
-
 def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
     """Reject two dims of one reducing op on the same mesh axis, naming both."""
     if op.kind not in REDUCING:
@@ -100,163 +80,6 @@ def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
                     f"over mesh axis {a!r}; its local results would not combine correctly. Split one of "
                     f"them over a different mesh axis (or leave it unsplit).")
             owner[a] = d.name
-
-
-def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...]]) -> tuple[list[str], set[str]]:
-    """Walk back from ``param``'s gradient through the ops that keep the parameter's dims
-    (elementwise sums, loop stack/result/carry, reductions over unsplit dims) to the
-    reducing ops whose split reduced dims all-reduce the gradient. Returns those ops and
-    every tensor visited."""
-    grad = grad_of(graph, param)
-    if grad is None:
-        return [], set()
-    loop = graph.loop_dims
-    pdims = set(graph.tensor(param).dim_names) - loop
-    stack, seen, reduce_ops = [grad], set(), []
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        op = graph.op(t)
-        if op.kind in REDUCING and any(axes_of.get(d.name) for d in op.reduced_dims):
-            reduce_ops.append(op.name)
-            continue
-        if op.kind in REDUCING or op.kind == "elementwise" or (op.kind == "reshape" and op.fn in BOUNDARY):
-            stack.extend(i for i, shape in zip(op.inputs, op.input_shapes)
-                         if {d.name for d in shape} - loop == pdims)
-    return reduce_ops, seen
-
-
-# ------------------------------------------------------------- weight-update shards
-@dataclass(frozen=True)
-class UpdateShard:
-    """Weight-update sharding of one parameter (seed 003): its gradient is reduce-scattered
-    over ``axes`` (``U``), its optimizer state and update run on a ``1/factor`` shard, and the
-    updated parameter is all-gathered. The shard splits dim ``dim`` (``U`` minor to the axes
-    the layout gives it) or, when no dim's local size divides, the flattened block of the
-    non-loop dims, padded (``dim == ""``, seed 003 §4)."""
-
-    param: str
-    axes: tuple[str, ...]
-    factor: int
-    dim: str
-    reduce_ops: tuple[str, ...]  # reducing ops on the gradient path
-    scatter_ops: frozenset[str]  # those whose reduction reduce-scatters into the shard
-    stored: frozenset[str]  # tensors stored as shards
-    computed: frozenset[str]  # ops computing on the shard
-    new_param: str  # the updated parameter: computed on the shard, stored whole (all-gathered)
-    opt_state: tuple[str, ...]
-
-    def applies(self, graph: Graph, dims: Sequence[str]) -> bool:
-        """Whether a tensor with ``dims`` can be held as this shard."""
-        if self.dim:
-            return self.dim in dims
-        pdims = [d for d in graph.tensor(self.param).dim_names if d not in graph.loop_dims]
-        return set(pdims) <= set(dims)
-
-    def placement(self, graph: Graph, dims: Sequence[str], axes_of: Mapping[str, tuple[str, ...]]) -> Placement:
-        """The shard placement of a tensor with ``dims`` (which :meth:`applies`)."""
-        if self.dim:
-            p = Placement.of(dims, axes_of)
-            return p.replace_axes(self.dim, p.axes_of(self.dim) + self.axes)
-        # flattened in one order for every tensor of the shard (elementwise update ops combine
-        # their chunks): loop dims kept in front, then the parameter's dims in its order
-        kept = tuple(d for d in dims if d in graph.loop_dims)
-        pdims = [d for d in graph.tensor(self.param).dim_names if d in dims and d not in kept]
-        order = kept + tuple(pdims) + tuple(d for d in dims if d not in kept and d not in pdims)
-        p = Placement.of(order, axes_of)
-        return Placement(p.dims, p.axes, self.axes, kept)
-
-
-def update_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[str, tuple[str, ...]]
-                  ) -> dict[str, UpdateShard]:
-    """The :class:`UpdateShard` of each parameter ``layout.update_sharding`` names."""
-    out: dict[str, UpdateShard] = {}
-    for pname, axes in layout.update_sharding:
-        p = graph.tensor(pname)
-        grad = grad_of(graph, pname)
-        if grad is None:
-            raise LayoutError(
-                f"weight-update sharding of {pname!r} over {','.join(axes)}: the graph records no gradient "
-                f"for {pname!r} (graph.param_roles), so there is no update to shard. Trace a training step "
-                f"(autolayout.train_step or an optax update) whose new parameters are outputs.")
-        factor = math.prod(mesh.axis_size(a) for a in axes)
-        # The shard splits one dim: the first (non-loop) dim whose local size the update axes
-        # divide; otherwise, as seed 003 §4 ("data formatting"), the flattened local block.
-        dim = ""
-        for d in p.shape:
-            local = d.size // math.prod(mesh.axis_size(a) for a in axes_of.get(d.name, ()))
-            if d.name not in graph.loop_dims and local % factor == 0:
-                dim = d.name
-                break
-        reduce_ops, seen = gradient_walk(graph, pname, axes_of)
-        covered = {a for name in reduce_ops for d in graph.op(name).reduced_dims for a in axes_of.get(d.name, ())}
-        missing = [a for a in axes if a not in covered]
-        if missing:
-            raise LayoutError(
-                f"weight-update sharding of {pname!r} over {','.join(axes)}: its gradient is not "
-                f"all-reduced over {','.join(missing)} under layout {str(layout)!r} (no dim the gradient "
-                f"sums over is split there), so there is nothing to reduce-scatter. Shard its update "
-                f"over an axis that splits the batch, or drop the '{pname}:{','.join(axes)}' entry.")
-        pdims = set(p.dim_names)
-        states = opt_state_of(graph, pname)
-        # update region: elementwise ops downstream of the gradient and of the parameter's
-        # optimizer state, staying within parameter-shaped tensors
-        frontier, region = [grad, *states], set()
-        while frontier:
-            t = frontier.pop()
-            for c in graph.consumers(t):
-                op = graph.op(c)
-                if c not in region and op.kind == "elementwise" and op.loop is None and \
-                        set(op.output.dim_names) <= pdims:
-                    region.add(c)
-                    frontier.append(c)
-        news = [n for n in region if graph.tensor(n).role == "output" and set(graph.tensor(n).dim_names) == pdims]
-        if not news:
-            raise LayoutError(f"weight-update sharding of {pname!r}: no updated parameter found downstream "
-                              f"of its gradient {grad!r}; is this a training step?")
-        new_param = sorted(news, key=graph.order.index)[-1]
-        shard = UpdateShard(pname, tuple(axes), factor, dim, tuple(reduce_ops), frozenset(), frozenset(),
-                            frozenset(), new_param, tuple(states))
-        scatter, stored, computed = set(), set(), set()
-        for r in reduce_ops:
-            op = graph.op(r)
-            raxes = {a for d in op.reduced_dims for a in axes_of.get(d.name, ())}
-            if set(axes) <= raxes and shard.applies(graph, op.output.dim_names):
-                scatter.add(r)
-                stored.add(r)
-        for t in (*_grad_path(graph, reduce_ops, seen), *region):
-            op = graph.op(t)
-            shardable = bool(dim) or op.kind == "elementwise" or (
-                op.kind == "einsum" and len(op.inputs) == 1 and not op.reduced_dims) or (
-                op.kind == "reshape" and op.fn in BOUNDARY)
-            if shard.applies(graph, op.output.dim_names) and shardable:
-                stored.add(t)
-                computed.add(t)
-        stored.discard(new_param)  # computed on the shard, stored whole: all-gathered after its op
-        stored |= {t for t in states if shard.applies(graph, graph.tensor(t).dim_names)}
-        out[pname] = UpdateShard(pname, tuple(axes), factor, dim, tuple(reduce_ops), frozenset(scatter),
-                                 frozenset(stored), frozenset(computed), new_param, tuple(states))
-    return out
-
-
-def _grad_path(graph: Graph, reduce_ops: Sequence[str], seen: set[str]) -> set[str]:
-    """Tensors between the reducing ops and the gradient (of the backward walk), which run
-    on the update shard."""
-    down = set(reduce_ops)
-    path: set[str] = set()
-    carry_next = {c: n for lp in graph.loops.values() for c, n in lp.carries}
-    changed = True
-    while changed:
-        changed = False
-        for t in graph.order:
-            if t in seen and t not in down and t not in path:
-                op = graph.op(t)
-                if any(i in down or i in path for i in op.inputs) or (op.fn == "carry" and carry_next.get(t) in path):
-                    path.add(t)
-                    changed = True
-    return path
 
 
 # ----------------------------------------------------------------------- op plans
@@ -290,6 +113,7 @@ class OpPlan:
     move_steps: tuple[Step, ...] = ()
     loop_back: Conversion | None = None
     reads: Mapping[str, Placement] = field(default_factory=dict)
+    temp_bytes: int = 0  # transient buffers while the op runs: inputs it gathered (e.g. FSDP weights)
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -311,20 +135,21 @@ class Planner:
     (no shards: the layout's rules alone) and prices :meth:`op_plan`, as ``predict`` does."""
 
     def __init__(self, graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
-                 shards: Mapping[str, UpdateShard] | None = None) -> None:
+                 shards: Mapping[str, StorageShard] | None = None) -> None:
         self.graph, self.mesh, self.axes_of = graph, mesh, axes_of
         self.shards = dict(shards or {})
         self.sizes = graph.dims
-        self._stored: dict[str, UpdateShard] = {}
-        self._computed: dict[str, UpdateShard] = {}
-        self._scatter: dict[str, UpdateShard] = {}
+        self._stored: dict[str, StorageShard] = {}
+        self._computed: dict[str, StorageShard] = {}
+        self._scatter: dict[str, StorageShard] = {}
+        self._partial: dict[str, StorageShard] = {}
+        self._partial_ops: dict[str, StorageShard] = {}
         for sh in self.shards.values():
-            for t in sh.stored:
-                self._stored[t] = sh
-            for t in sh.computed:
-                self._computed[t] = sh
-            for t in sh.scatter_ops:
-                self._scatter[t] = sh
+            for field_, index in ((sh.stored, self._stored), (sh.computed, self._computed),
+                                  (sh.scatter_ops, self._scatter), (sh.partial, self._partial),
+                                  (sh.partial_ops, self._partial_ops)):
+                for t in field_:
+                    index[t] = sh
         self._cache: dict[str, Placement] = {}
 
     # -- placements -----------------------------------------------------------------
@@ -335,14 +160,22 @@ class Planner:
             dims = self.graph.tensor(name).dim_names
             sh = self._stored.get(name)
             hit = sh.placement(self.graph, dims, self.axes_of) if sh else Placement.of(dims, self.axes_of)
+            if name in self._partial:  # stage 1: a partial sum over the shard's axes until complete
+                hit = hit.with_partial(mesh_order(self.mesh, self._partial[name].axes))
             self._cache[name] = hit
         return hit
 
     def local_bytes(self, name: str) -> int:
+        """Bytes tensor ``name`` takes on one device. A stack of partial sums reduced once it is
+        complete (stage 1) is counted at its full size: the scan fills that buffer layer by
+        layer, and it lives through the whole loop."""
         t = self.graph.tensor(name)
-        return self.stored(name).local_elements(self.sizes, self.mesh) * t.itemsize
+        p = self.stored(name)
+        if name in self._scatter and name in self._partial_ops and self.graph.op(name).fn == "stack":
+            p = Placement.of(t.dim_names, self.axes_of)
+        return p.local_elements(self.sizes, self.mesh) * t.itemsize
 
-    def shard_of(self, op: str) -> UpdateShard | None:
+    def shard_of(self, op: str) -> StorageShard | None:
         """The update shard an op computes on, if any."""
         return self._computed.get(op)
 
@@ -371,20 +204,25 @@ class Planner:
         mv: Moves | None = None
         move_list: tuple[Step, ...] = ()
         loop_back: Conversion | None = None
+        partial_sh = self._partial_ops.get(op.name)
+        carried = mesh_order(mesh, partial_sh.axes) if partial_sh else ()  # stage 1: partial sums pass through
         if op.kind == "constant":
             computed = out_stored
         elif op.kind == "reshape":
             src = op.inputs[0]
             have = self.stored(src)
             computed = out_stored
+            if carried:
+                computed = Placement.of(op.output.dim_names, self.axes_of).with_partial(carried)
             if op.fn in ("slice", "stack") or flat is not None:
                 # (un)stacking moves no data between devices, nor does a loop boundary of
                 # flattened shards (chunks are per layer): convert the input to where the
                 # output is, then (un)stack or relabel locally
-                self._convert(src, self._boundary_need(op, sh, flat, out_stored), conversions, reads)
+                need = self._boundary_need(op, sh, flat, computed)
+                self._convert(src, need.with_partial(have.partial) if carried else need, conversions, reads)
             else:
                 need = have.base() if have.flat else have
-                self._convert(src, need, conversions, reads)
+                self._convert(src, need.with_partial(have.partial) if carried else need, conversions, reads)
                 mv = moves(op.attr("groups", ()), sizes, _axes_map(need), _axes_map(computed), mesh)
                 nbytes = need.local_elements(sizes, mesh) * g.tensor(src).itemsize
                 move_list = tuple(move_steps(op.name, mv, nbytes, mesh))
@@ -400,10 +238,12 @@ class Planner:
                             else Placement.of(t.dim_names, self.axes_of))  # broadcast into the shard locally
                 else:
                     need = Placement.of(t.dim_names, op_axes)
+                if carried and self.stored(name).partial:
+                    need = need.with_partial(self.stored(name).partial)
                 self._convert(name, need, conversions, reads)
-            if op.kind in REDUCING:
-                partial = mesh_order(mesh, [a for d in op.reduced_dims for a in op_axes.get(d.name, ())])
-                computed = computed.with_partial(partial)
+            partial = [a for d in op.reduced_dims for a in op_axes.get(d.name, ())] if op.kind in REDUCING else []
+            if partial or carried:
+                computed = computed.with_partial(mesh_order(mesh, [*partial, *carried]))
         # output: reduce partial sums, or convert to where it is stored
         out_steps: tuple[Step, ...] = ()
         out_conv: Conversion | None = None
@@ -435,7 +275,7 @@ class Planner:
         return self._plan(op, op_axes, flat, conversions, mv, computed, out_stored, out_steps, out_conv,
                           flops, nbytes, move_list, loop_back, reads)
 
-    def _boundary_need(self, op: Op, sh: UpdateShard | None, flat: Placement | None,
+    def _boundary_need(self, op: Op, sh: StorageShard | None, flat: Placement | None,
                        out: Placement) -> Placement:
         """Where a loop boundary op needs its input: the output's placement carried over to
         the input's dims by the op's groups (the loop dim unsplit), or the flattened shard."""
@@ -500,9 +340,11 @@ class Planner:
               reads: Mapping[str, Placement] | None = None) -> OpPlan:
         # Matmul speed follows the operand dtype (bf16 inputs accumulate in f32 on TPU/GPU).
         dtype = op.input_dtypes[0] if op.kind == "einsum" and op.input_dtypes else op.output.dtype
+        temp = sum(c.dst.local_elements(self.sizes, self.mesh) * self.graph.tensor(name).itemsize
+                   for name, c in conversions.items() if c.steps)
         return OpPlan(op.name, op.kind, op.multiplicity, op_axes, flat, conversions, mv, computed, out,
                       tuple(out_steps), out_conv, int(flops), int(nbytes), dtype, tuple(move_list), loop_back,
-                      dict(reads or {}))
+                      dict(reads or {}), int(temp))
 
 
 def _axes_map(p: Placement) -> dict[str, tuple[str, ...]]:
@@ -521,8 +363,9 @@ class Plan:
 
     ``placements`` maps every tensor to where it is stored; ``ops`` every op (graph order)
     to its :class:`OpPlan`; ``shards`` each weight-update-sharded parameter to its
-    :class:`UpdateShard`; ``local_bytes`` every tensor to its bytes on one device
-    (0 for elementwise intermediates fused into their consumers).
+    :class:`StorageShard`; ``local_bytes`` every tensor to its bytes on one device
+    (0 for elementwise intermediates fused into their consumers); ``notes`` say where a
+    ``*`` storage entry did not apply.
 
     Example::
 
@@ -535,8 +378,9 @@ class Plan:
     layout: Layout
     placements: Mapping[str, Placement] = field(repr=False)
     ops: Mapping[str, OpPlan] = field(repr=False)
-    shards: Mapping[str, UpdateShard] = field(repr=False)
+    shards: Mapping[str, StorageShard] = field(repr=False)
     local_bytes: Mapping[str, int] = field(repr=False)
+    notes: tuple[str, ...] = ()
 
     def steps(self) -> list[tuple[str, Step]]:
         """``(op, step)`` for every collective, ops in graph order (each op's steps once; a
@@ -573,8 +417,9 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
         LayoutError: the layout is not valid for the graph on the mesh.
     """
     mesh, layout, axes_of = resolve_layout(graph, mesh, layout)
-    planner = Planner(graph, mesh, axes_of, update_shards(graph, mesh, layout, axes_of))
+    shards, notes = storage_shards(graph, mesh, layout, axes_of)
+    planner = Planner(graph, mesh, axes_of, shards)
     ops = {op.name: planner.op_plan(op) for op in graph.ops()}
     placements = {name: planner.stored(name) for name in graph.order}
     local = {op.name: (planner.local_bytes(op.name) if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
-    return Plan(graph, mesh, layout, placements, ops, planner.shards, local)
+    return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes))

@@ -96,7 +96,7 @@ def price_plan(p: Plan, hardware: Any = "tpu-v3") -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, p.local_bytes)
+    mem_total, breakdown = peak_memory(graph, p.local_bytes, {n: o.temp_bytes for n, o in p.ops.items() if o.temp_bytes})
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     return Cost(time_s=compute + comm, compute_s=compute, comm_s=comm, flops=flops, comm_bytes=comm_bytes,

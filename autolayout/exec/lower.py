@@ -77,7 +77,8 @@ class ShardProgram(Interpreter, LocalOps):
         """Make ``x``'s varying axes exactly the mesh axes splitting tensor ``name``."""
         from jax import lax
 
-        want = set(self.placement(name).split_axes())
+        p = self.placement(name)
+        want = set(p.split_axes()) | set(p.partial)  # a partial sum varies over its partial axes
         have = set(vma(x))
         extra = have - want
         if extra:
@@ -149,7 +150,7 @@ class ShardProgram(Interpreter, LocalOps):
         x = self._read(src, value, p)
         if p.flat is not None:
             return x  # flattened chunks are per layer: nothing moves
-        return self.regroup(x, have, p.moves, op.output.dim_names, op.name)
+        return self._finish(self.regroup(x, have, p.moves, op.output.dim_names, op.name), op, p)
 
     def carry_back(self, op: Op, value: Any, nxt: str) -> Any:
         p = self.plan.ops[op.name]
@@ -177,10 +178,18 @@ class ShardProgram(Interpreter, LocalOps):
         return self._read(op.inputs[0], value, self.plan.ops[op.name])
 
     def stacked(self, op: Op, value: Any, lp: Loop) -> Any:
-        if self.plan.ops[op.name].flat is not None:
+        p = self.plan.ops[op.name]
+        if p.flat is not None:
             return value
         have = ((lp.dim,) if lp.dim else ()) + self.g.tensor(op.inputs[0]).dim_names
-        return rename_align(self.g, value, have, op.name)
+        return self._finish(rename_align(self.g, value, have, op.name), op, p)
+
+    def _finish(self, x: Any, op: Op, p: Any) -> Any:
+        """A loop boundary's value reduced into where it is stored (stage 1: the complete
+        gradient of a stack of partial sums is reduce-scattered once)."""
+        if p.out_steps:
+            x = self.reduce_steps(x, op.output.dim_names, p.out_steps, p.computed, p.out)
+        return x
 
     # ----------------------------------------------- step interface (flat shards)
     def to_step(self, name: str) -> Any:

@@ -56,9 +56,13 @@ class SearchResult:
 
 
 def _layout_of(tables: Tables, point: Decoded) -> Layout:
+    """The layout of a solution; storage entries as one ``*`` entry when every parameter has
+    the same one."""
     params = [t.name for t in tables.graph.params()]
-    upd = [(p, point.wus[p]) for p in params if p in point.wus]
-    return tables.space.layout_of(point.axes_of, upd)
+    entries = [(p, *point.wus[p]) for p in params if p in point.wus]
+    if entries and len(entries) == len(params) and len({e[1:] for e in entries}) == 1:
+        entries = [("*", *entries[0][1:])]
+    return tables.space.layout_of(point.axes_of, entries)
 
 
 def layout(graph: Graph, mesh_shape: Any, *, hardware: Any = "tpu-v3", memory_limit: float | None = None,

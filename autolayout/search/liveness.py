@@ -23,18 +23,31 @@ from collections.abc import Mapping, Sequence
 from autolayout.costmodel.memory import body_lifetimes, lifetimes
 from autolayout.graph import Graph, Loop
 
-__all__ = ["live_points", "peak_of"]
+__all__ = ["live_points", "peak_of", "transient", "is_transient"]
+
+_TRANSIENT = "\x00transient:"
+
+
+def transient(op: str) -> str:
+    """The name under which a live set lists the transient bytes of ``op`` (inputs gathered
+    for it), live only at the point where ``op`` runs."""
+    return _TRANSIENT + op
+
+
+def is_transient(name: str) -> bool:
+    return name.startswith(_TRANSIENT)
 
 
 def live_points(graph: Graph) -> list[tuple[str, ...]]:
-    """Distinct live sets (tensor names in graph order), one per schedule point, in schedule order."""
+    """Distinct live sets (tensor names in graph order, then the running op's
+    :func:`transient`), one per schedule point, in schedule order."""
     units, alloc, free = lifetimes(graph)
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
 
-    def add(names: list[str]) -> None:
-        key = tuple(sorted(names, key=rank.__getitem__))
+    def add(names: list[str], op: str | None) -> None:
+        key = tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
         if key not in seen:
             seen.add(key)
             points.append(key)
@@ -43,22 +56,22 @@ def live_points(graph: Graph) -> list[tuple[str, ...]]:
         live = [n for n in alloc if alloc[n] <= i <= free[n]]
         bodies = _body_live_sets(graph, u) if isinstance(u, Loop) else []
         if not bodies:
-            add(live)
-        for body in bodies:
-            add(live + body)
+            add(live, None if isinstance(u, Loop) else u)
+        for body, op in bodies:
+            add(live + body, op)
     return points
 
 
-def _body_live_sets(graph: Graph, lp: Loop) -> list[list[str]]:
+def _body_live_sets(graph: Graph, lp: Loop) -> list[tuple[list[str], str]]:
     order, last = body_lifetimes(graph, lp)
-    return [[n for n in lp.body if order[n] <= i <= last[n]] for i in range(len(lp.body))]
+    return [([n for n in lp.body if order[n] <= i <= last[n]], lp.body[i]) for i in range(len(lp.body))]
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
     """``(peak bytes, index of the first point reaching it)`` for per-tensor ``size``."""
     best, at = -1, 0
     for i, names in enumerate(points):
-        total = sum(size[n] for n in names)
+        total = sum(size.get(n, 0) for n in names)
         if total > best:
             best, at = total, i
     return max(best, 0), at

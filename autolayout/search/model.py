@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
+from autolayout.search.liveness import is_transient
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -54,7 +55,7 @@ class Decoded:
     """A point of the search space: the layout's rules and its update sharding."""
 
     axes_of: dict[str, tuple[str, ...]]
-    wus: dict[str, tuple[str, ...]]  # param -> update axes
+    wus: dict[str, tuple[tuple[str, ...], int]]  # param -> (storage axes, ZeRO stage)
     active: list[tuple[int, int]]  # (index in LayoutModel.wus, option index)
 
 
@@ -101,9 +102,11 @@ class LayoutModel:
             ys = self.onehot(p.dims)
             wk = {}
             for j, opt in enumerate(p.options):
-                v = m.NewBoolVar(f"w[{p.param},{opt.index}]")
+                v = m.NewBoolVar(f"w[{p.param},{opt.index},{','.join(opt.axes)}@{opt.stage}]")
                 m.AddImplication(v, ys[opt.index])
                 wk[j] = v
+            if len(wk) > 1:
+                m.AddAtMostOne(list(wk.values()))  # one storage option per parameter
             self.w.append(wk)
         self.constant_s = 0.0
         self.unit = 1e-12
@@ -247,6 +250,8 @@ class LayoutModel:
         per_group: dict[tuple[str, ...], np.ndarray] = {}
         const = 0
         for n in names:
+            if is_transient(n):
+                continue  # no transient bytes under the rules alone; storage options add them
             t = graph.tensor(n)
             dims = tables.tensor_dims(t)
             vec = tables.tensor_bytes(t)
@@ -302,7 +307,7 @@ class LayoutModel:
         for k, (p, wk) in enumerate(zip(self.wus, self.w)):
             for j, v in wk.items():
                 if value(v):
-                    wus[p.param] = p.options[j].axes
+                    wus[p.param] = (p.options[j].axes, p.options[j].stage)
                     active.append((k, j))
         return Decoded(axes_of, wus, active)
 
@@ -340,7 +345,11 @@ class LayoutModel:
             m2.Add(cp_model.LinearExpr.WeightedSum([twin(v) for v in self.obj_vars], self.obj_coefs) <= best)
         # one slot per x bit, then one per parameter (at most one of its w is on)
         slots = [[self.x[d, a]] for d in self.space.dims for a in self.space.axes if (d, a) in self.x]
-        slots += [list(wk.values()) for wk in self.w if wk]
+        for p, wk in zip(self.wus, self.w):  # per parameter: no storage option, then lower stages first
+            for stage in (3, 2, 1):
+                slot = [v for j, v in wk.items() if p.options[j].stage == stage]
+                if slot:
+                    slots.append(slot)
         n = len(slots)
         bits, weights = [], []
         for i, slot in enumerate(slots):

@@ -22,10 +22,11 @@ in a :class:`SearchError`.
 several equal-cost optima. When the time solve is OPTIMAL, a second solve fixes
 the objective at its optimum and minimises ``Σ_i 2^(n-1-i) b_i`` over the bits
 ``b`` = ``x[d, m]`` (dims in ``graph.dims`` order, axes in mesh order), then one
-slot per parameter (its ``w`` bits, parameters in graph order; at most one is
-on). Its optimum is unique (for up to 62 slots): among the
-layouts of minimal (integer-scaled) time, the one that leaves earlier dims
-unsplit / on later axes, and shards no update it need not. The same inputs
+slot per parameter and storage stage (its ``w`` bits of that stage, parameters in
+graph order, stage 3 before 2 before 1; at most one is on). Its optimum is unique
+(for up to 62 slots): among the layouts of minimal (integer-scaled) time, the one
+that leaves earlier dims unsplit / on later axes, and shards no parameter's storage
+it need not, at the lowest stage that does as well. The same inputs
 thus give the same layout. (If the time solve stops at the time limit, the
 best layout found is returned with status FEASIBLE and its gap.)
 """
@@ -81,7 +82,7 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
-            sizes[n] += b
+            sizes[n] = sizes.get(n, 0) + b
     return sizes
 
 
@@ -144,14 +145,15 @@ def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
 
 
 def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
-    """``axes_of`` with every WUS option that saves time switched on."""
+    """``axes_of`` with, per parameter, the storage option that saves the most time (if any)."""
     active, upd = [], {}
     for k, p in enumerate(wus):
         i = tables.restrict(axes_of, p.dims)
-        for j, o in enumerate(p.options):
-            if o.index == i and o.dtime < 0:
-                active.append((k, j))
-                upd[p.param] = o.axes
+        best = min(((o.dtime, j) for j, o in enumerate(p.options) if o.index == i), default=None)
+        if best is not None and best[0] < 0:
+            o = p.options[best[1]]
+            active.append((k, best[1]))
+            upd[p.param] = (o.axes, o.stage)
     return Decoded(axes_of, upd, active)
 
 

@@ -1,40 +1,45 @@
-"""Weight-update sharding (WUS) options per parameter, costed by the same plan as ``predict``.
+"""Storage-sharding options per parameter (ZeRO stages 1–3), costed by the same plan as ``predict``.
 
-For parameter ``p`` the decision is binary: shard its update over ``U`` = *all*
-the mesh axes its gradient is all-reduced over (in mesh order), or not. Whether
-that is possible, and what it changes, depends on the layout only through the
-dims ``D_p``: ``p``'s own dims, the dims of the reducing ops on its gradient
-path, and of every op that reads a tensor the shard may hold
-(:func:`~autolayout.costmodel.plan.gradient_walk` walks back from the gradient
-through elementwise ops, loop stacks/carries and reducing ops whose summed dims
-are unsplit). For every valid assignment ``a`` of ``D_p`` this module asks the
-plan itself (:func:`~autolayout.costmodel.plan.update_shards`) whether ``U(a)``
-is accepted, and if so records
+For parameter ``p`` the choice is one of: store it whole, or store its training
+state split over axes ``U`` at a ZeRO stage (:mod:`autolayout.costmodel.storage`).
+``U`` is taken from the mesh axes its gradient is all-reduced over (the axes
+that split the batch, minus its own): all of them, and — when some of them use a
+slower link than the others (a DCN or InfiniBand axis) — only the fast ones,
+the gradient being all-reduced over the slow rest (FSDP inside a pod or node,
+data parallelism across them). Whether an option is possible, and what it
+changes, depends on the layout only through the dims ``D_p`` (:func:`option_dims`):
+``p``'s own dims, the dims of the ops on its gradient path, and of every op that
+reads a tensor the option may store differently. For every valid assignment ``a``
+of ``D_p`` the plan itself (:func:`~autolayout.costmodel.storage.storage_shards`)
+builds the shard, and this module records
 
 * ``dtime`` — per-step time change: the priced plans of every op the shard
   touches (:class:`~autolayout.costmodel.plan.Planner` with the shard, minus
-  without), times their multiplicities — reduce-scatters, sharded update
-  compute, the all-gather of the new parameter, exactly as ``predict`` sums them;
-* ``dbytes`` — per-tensor change of local bytes of the tensors stored as shards.
+  without), times their multiplicities — reduce-scatters, sharded update compute,
+  all-gathers of the weights once per step or per use — exactly as ``predict``
+  sums them;
+* ``dbytes`` — per-tensor change of local bytes, and the transient bytes of ops
+  that gather their inputs (:func:`~autolayout.search.liveness.transient`).
 
-In the CP-SAT model each option is a boolean ``w[p, a] <= y[D_p, a]``: the
-solver may switch WUS on exactly when the layout restricted to ``D_p`` is
-``a``. Objective and memory rows get ``dtime · w`` and ``dbytes · w``.
-Parameters whose shards touch a common op (never the case for the zoo's
-optimizers) are left unsharded, since ``predict`` would not treat their effects
-additively.
+In the CP-SAT model each option is a boolean ``w[p, o] <= y[D_p, a(o)]``, at most
+one per parameter: the solver may pick option ``o`` exactly when the layout
+restricted to ``D_p`` is ``a(o)``. Objective and memory rows get ``dtime · w`` and
+``dbytes · w``. Parameters whose options touch a common op (never the case for the
+zoo's optimizers) are left whole, since ``predict`` would not add their effects.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autolayout.core import Layout, LayoutError
-from autolayout.costmodel.plan import REDUCING, Planner, UpdateShard, gradient_walk, opt_state_of, update_shards
+from autolayout.core import STAGES, Layout, LayoutError
+from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
+from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shards
 from autolayout.graph import Graph
+from autolayout.search.liveness import transient
 from autolayout.search.tables import Tables, mesh_order
 
-__all__ = ["WusOption", "WusParam", "wus_options"]
+__all__ = ["WusOption", "WusParam", "wus_options", "option_dims", "touched"]
 
 
 @dataclass
@@ -42,7 +47,8 @@ class WusOption:
     index: int  # assignment index in the group of WusParam.dims
     axes: tuple[str, ...]  # U, mesh order
     dtime: float  # seconds per step (negative = faster)
-    dbytes: dict  # tensor name -> change of its local bytes (<= 0)
+    dbytes: dict  # tensor name (or transient(op)) -> change of its local bytes
+    stage: int = 1
 
 
 @dataclass
@@ -53,9 +59,9 @@ class WusParam:
     ops: set  # ops any of its options touches
 
 
-def _update_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str] | None = None
+def reduced_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str] | None = None
                  ) -> tuple[str, ...]:
-    """U: the axes the gradient of ``pname`` is all-reduced over (mesh order)."""
+    """The axes the gradient of ``pname`` is all-reduced over, minus its own (mesh order)."""
     graph = tables.graph
     if reduce_ops is None:
         reduce_ops, _ = gradient_walk(graph, pname, axes_of)
@@ -64,69 +70,94 @@ def _update_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str
     return mesh_order(tables.mesh, covered - own)
 
 
-def touched(graph: Graph, sh: UpdateShard) -> set[str]:
-    """Ops whose plan a shard can change: those computing on it or producing a shard, and
-    every reader of a tensor stored as a shard."""
-    ops = set(sh.computed) | set(sh.stored) | set(sh.scatter_ops) | {sh.new_param}
-    for t in sh.stored:
+def candidate_axes(tables: Tables, axes: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``U`` candidates from the gradient's reduced axes: all of them, and the fast ones
+    alone when some use a slower link (smaller bandwidth) than the fastest."""
+    if not axes:
+        return []
+    bw = {a: tables.hw.link_for(a).bandwidth for a in axes}
+    fast = tuple(a for a in axes if bw[a] >= max(bw.values()))
+    return [axes] + ([fast] if fast != axes else [])
+
+
+def touched(graph: Graph, sh: StorageShard) -> set[str]:
+    """Ops whose plan a shard can change: those computing on it, on partial sums, or producing
+    either, and every reader of a tensor stored as a shard or a partial sum."""
+    ops = set(sh.computed) | set(sh.stored) | set(sh.scatter_ops) | set(sh.partial) | set(sh.partial_ops) | {
+        sh.new_param}
+    for t in set(sh.stored) | set(sh.partial):
         ops.update(graph.consumers(t))
     for lp in graph.loops.values():  # a carry moves its next value to where it lives
         ops.update(c for c, nxt in lp.carries if c in sh.stored or nxt in sh.stored)
     return {n for n in ops if graph.op(n).kind not in ("input", "param", "opt_state")}
 
 
-def _option(tables: Tables, pname: str, dims: tuple, index: int, shards: dict) -> tuple[WusOption, set] | None:
+def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict) -> list[tuple[WusOption, set]]:
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     reduce_ops, _ = gradient_walk(graph, pname, axes_of)
-    U = _update_axes(tables, pname, axes_of, reduce_ops)
-    if not U:
-        return None
-    layout = Layout(sorted(axes_of.items()), {pname: U})
-    key = (tuple(sorted(axes_of.items())), U)
-    if key not in shards:
-        try:
-            shards[key] = update_shards(graph, mesh, layout, axes_of)[pname]
-        except LayoutError:
-            shards[key] = None
-    sh = shards[key]
-    if sh is None:
-        return None
-    ops = touched(graph, sh)
-    outside = {d.name for n in ops for d in graph.op(n).dims} - set(dims) - graph.loop_dims
-    if outside:  # D_p (wus_options) covers every op a shard touches; a miss would price wrongly
-        raise RuntimeError(f"internal: weight-update option of {pname!r} touches dims {sorted(outside)} "
-                           f"outside its group {dims}")
-    base, sharded = Planner(graph, mesh, axes_of), Planner(graph, mesh, axes_of, {pname: sh})
-    dtime = 0.0
-    for name in sorted(ops, key=tables.rank.__getitem__):
-        op = graph.op(name)
-        dtime += (price(sharded.op_plan(op), op, mesh, hw).time_s
-                  - price(base.op_plan(op), op, mesh, hw).time_s) * op.multiplicity
-    dbytes = {}
-    for n in sh.stored:
-        op = graph.op(n)
-        if op.hbm and not op.hbm[-1]:
-            continue  # fused: takes no memory either way
-        diff = sharded.local_bytes(n) - base.local_bytes(n)
-        if diff:
-            dbytes[n] = int(diff)
-    return WusOption(index, sh.axes, dtime, dbytes), ops
+    out = []
+    base = Planner(graph, mesh, axes_of)
+    seen: dict[tuple, tuple] = {}
+    for U in candidate_axes(tables, reduced_axes(tables, pname, axes_of, reduce_ops)):
+        for stage in STAGES:
+            layout = Layout(sorted(axes_of.items()), [(pname, U, stage)])
+            key = (tuple(sorted(axes_of.items())), U, stage)
+            if key not in shards:
+                try:
+                    shards[key] = storage_shards(graph, mesh, layout, axes_of)[0][pname]
+                except LayoutError:
+                    shards[key] = None  # e.g. stage 1 on a gradient path that is not linear
+            sh = shards[key]
+            if sh is None:
+                continue
+            ops = touched(graph, sh)
+            outside = {d.name for n in ops for d in graph.op(n).dims} - set(dims) - graph.loop_dims
+            if outside:  # option_dims covers every op a shard touches; a miss would price wrongly
+                raise RuntimeError(f"internal: storage option of {pname!r} touches dims {sorted(outside)} "
+                                   f"outside its group {dims}")
+            sharded = Planner(graph, mesh, axes_of, {pname: sh})
+            dtime = 0.0
+            dbytes = {}
+            for name in sorted(ops, key=tables.rank.__getitem__):
+                op = graph.op(name)
+                plan = sharded.op_plan(op)
+                dtime += (price(plan, op, mesh, hw).time_s - price(base.op_plan(op), op, mesh, hw).time_s) \
+                    * op.multiplicity
+                if plan.temp_bytes:
+                    dbytes[transient(name)] = plan.temp_bytes
+            for n in sh.stored:
+                op = graph.op(n)
+                if op.hbm and not op.hbm[-1]:
+                    continue  # fused: takes no memory either way
+                diff = sharded.local_bytes(n) - base.local_bytes(n)
+                if diff:
+                    dbytes[n] = int(diff)
+            sig = (round(dtime, 15), tuple(sorted(dbytes.items())))
+            if sig in seen and seen[sig][0] == U:
+                continue  # the same effect as a lower stage (e.g. no stacked gradient to defer)
+            seen[sig] = (U, stage)
+            out.append((WusOption(index, U, dtime, dbytes, stage), ops))
+    return out
 
 
 def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
-    """``D_p``: every dim the options of ``pname`` can depend on (see the module docstring)."""
+    """``D_p``: every dim the options of ``pname`` can depend on (see the module docstring):
+    dims of the gradient path, the update region, and every op reading the parameter, its
+    per-layer slices (and casts), their saved stacks, or any of those tensors."""
     graph = tables.graph
     _, visited = gradient_walk(graph, pname, {})
     dims = set(graph.tensor(pname).dim_names)
-    held = set(visited) | set(opt_state_of(graph, pname))
+    held = set(visited) | set(opt_state_of(graph, pname)) | {pname}
     frontier = list(held)
-    while frontier:  # the update region: elementwise ops downstream, within the param's dims
+    while frontier:  # the update region and the weight's slices, casts and stacks
         t = frontier.pop()
         for c in graph.consumers(t):
             op = graph.op(c)
-            if c not in held and op.kind == "elementwise" and set(op.output.dim_names) <= dims:
+            grow = (op.kind == "elementwise" and set(op.output.dim_names) <= dims) or (
+                op.kind == "reshape" and op.fn in ("slice", "stack") and t != c)
+            if c not in held and grow:
                 held.add(c)
                 frontier.append(c)
     for n in held:
@@ -139,7 +170,7 @@ def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
 
 
 def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
-    """WUS options of every parameter with a gradient; also notes on parameters left out."""
+    """Storage options of every parameter with a gradient; also notes on parameters left out."""
     graph = tables.graph
     out: list[WusParam] = []
     notes: list[str] = []
@@ -154,27 +185,30 @@ def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
         for i, a in enumerate(group.assignments):
             key = tables.orbit_key(dims, a)
             if key not in cache:  # time and bytes are the same over an orbit (tables.py)
-                cache[key] = _option(tables, t.name, dims, i, shards)
-                if cache[key] is not None:
-                    ops |= cache[key][1]
+                cache[key] = _options(tables, t.name, dims, i, shards)
+                for _, o in cache[key]:
+                    ops |= o
             res = cache[key]
-            if res is None:
+            if not res:
                 continue
-            if res[0].index == i:
-                options.append(res[0])
-            else:
-                U = _update_axes(tables, t.name, group.axes_of(i))
-                options.append(WusOption(i, U, res[0].dtime, res[0].dbytes))
+            if res[0][0].index == i:
+                options.extend(o for o, _ in res)
+                continue
+            # the same options for the permuted axes: map U through the assignment's axes
+            cands = candidate_axes(tables, reduced_axes(tables, t.name, group.axes_of(i)))
+            first = candidate_axes(tables, reduced_axes(tables, t.name, group.axes_of(res[0][0].index)))
+            for o, _ in res:
+                U = cands[first.index(o.axes)]
+                options.append(WusOption(i, U, o.dtime, o.dbytes, o.stage))
         if options:
             out.append(WusParam(t.name, dims, options, ops))
-    # parameters whose shards touch a common op are not additive in predict: leave them out
+    # parameters whose options touch a common op are not additive in predict: leave them out
     clash = set()
     for i, p in enumerate(out):
         for q in out[i + 1:]:
             if p.ops & q.ops:
                 clash |= {p.param, q.param}
     if clash:
-        notes.append(f"weight-update sharding not considered for {sorted(clash)}: their update shards "
-                     "touch common ops")
+        notes.append(f"storage sharding not considered for {sorted(clash)}: their options touch common ops")
         out = [p for p in out if p.param not in clash]
     return out, notes
