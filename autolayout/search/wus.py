@@ -92,13 +92,30 @@ def touched(graph: Graph, sh: StorageShard) -> set[str]:
     return {n for n in ops if graph.op(n).kind not in ("input", "param", "opt_state")}
 
 
-def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict) -> list[tuple[WusOption, set]]:
+def _delta_key(graph: Graph, sh: StorageShard, op, axes_of: dict) -> tuple:
+    """Everything an op's plan under a shard depends on: the axes of its own dims, the shard's
+    axes/dim/stage, and which of the shard's sets the op, its inputs (and a carry's next
+    value) belong to."""
+    sets = (sh.computed, sh.partial_ops, sh.scatter_ops, sh.stored, sh.partial)
+
+    def member(t: str) -> tuple:
+        return tuple(t in s for s in sets)
+
+    extra = ()
+    if op.fn == "carry":
+        nxt = next((n for lp in graph.loops.values() for c, n in lp.carries if c == op.name), None)
+        extra = member(nxt) if nxt else ()
+    return (op.name, tuple(axes_of.get(d.name, ()) for d in op.dims), sh.axes, sh.dim, sh.stage, member(op.name),
+            tuple(member(i) for i in op.inputs), extra)
+
+
+def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
+             deltas: dict) -> list[tuple[WusOption, set]]:
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     reduce_ops, _ = gradient_walk(graph, pname, axes_of)
     out = []
-    base = Planner(graph, mesh, axes_of)
     seen: dict[tuple, tuple] = {}
     for U in candidate_axes(tables, reduced_axes(tables, pname, axes_of, reduce_ops)):
         for stage in STAGES:
@@ -122,16 +139,20 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict) 
             dbytes = {}
             for name in sorted(ops, key=tables.rank.__getitem__):
                 op = graph.op(name)
-                plan = sharded.op_plan(op)
-                dtime += (price(plan, op, mesh, hw).time_s - price(base.op_plan(op), op, mesh, hw).time_s) \
-                    * op.multiplicity
-                if plan.temp_bytes:
-                    dbytes[transient(name)] = plan.temp_bytes
+                key = _delta_key(graph, sh, op, axes_of)
+                hit = deltas.get(key)
+                if hit is None:  # the op's time with the shard minus under the rules alone
+                    plan = sharded.op_plan(op)
+                    base_t = tables.op_cost(op, dims, g.assignments[index]).time_s
+                    hit = deltas[key] = (price(plan, op, mesh, hw).time_s - base_t, plan.temp_bytes)
+                dtime += hit[0] * op.multiplicity
+                if hit[1]:
+                    dbytes[transient(name)] = hit[1]
             for n in sh.stored:
                 op = graph.op(n)
                 if op.hbm and not op.hbm[-1]:
                     continue  # fused: takes no memory either way
-                diff = sharded.local_bytes(n) - base.local_bytes(n)
+                diff = sharded.local_bytes(n) - _rules_bytes(tables, n, axes_of)
                 if diff:
                     dbytes[n] = int(diff)
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())))
@@ -140,6 +161,12 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict) 
             seen[sig] = (U, stage)
             out.append((WusOption(index, U, dtime, dbytes, stage), ops))
     return out
+
+
+def _rules_bytes(tables: Tables, name: str, axes_of: dict) -> int:
+    t = tables.graph.tensor(name)
+    dims = tables.tensor_dims(t)
+    return int(tables.tensor_bytes(t)[tables.restrict(axes_of, dims)])
 
 
 def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
@@ -181,11 +208,12 @@ def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
         group = tables.group(dims)
         cache: dict = {}
         shards: dict = {}
+        deltas: dict = {}
         options, ops = [], set()
         for i, a in enumerate(group.assignments):
             key = tables.orbit_key(dims, a)
             if key not in cache:  # time and bytes are the same over an orbit (tables.py)
-                cache[key] = _options(tables, t.name, dims, i, shards)
+                cache[key] = _options(tables, t.name, dims, i, shards, deltas)
                 for _, o in cache[key]:
                     ops |= o
             res = cache[key]
