@@ -24,7 +24,7 @@ from typing import Any
 from autolayout import models
 from autolayout.core import Dim, Layout, LayoutError, Mesh, Shape
 from autolayout.costmodel import Cost, Hardware, get_hardware, known_hardware, predict
-from autolayout.graph import Graph, Op, Tensor
+from autolayout.graph import Graph, Op, ParamRole, Tensor
 from autolayout.trace import TraceError, named, trace
 from autolayout.train import init_opt_state, train_step
 
@@ -69,6 +69,7 @@ __all__ = [
     "LayoutError",
     "Mesh",
     "Op",
+    "ParamRole",
     "Shape",
     "Tensor",
     "TraceError",

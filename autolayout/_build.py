@@ -155,8 +155,11 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
 
 
 def _node_for(o: _Val, p: _Pending) -> _Val:
-    """The named input that a non-elementwise op reads for positional operand ``o``."""
-    if o.materialized is not None:
+    """The named input that a non-elementwise op reads for positional operand ``o``: the
+    materialised broadcast (or constant) of ``o`` when the op reads that, else ``o``'s root.
+    The broadcast op itself reads the root (its own output is not its operand)."""
+    named = [r for r in p.named_inputs]
+    if o.materialized is not None and o.materialized is not p.out and any(r is o.materialized for r in named):
         return o.materialized
     if o.root is None:
         raise AssertionError("literal operand of a non-elementwise op was not materialised")

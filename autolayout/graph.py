@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -199,6 +200,32 @@ class SignatureClass:
 
 
 @dataclass(frozen=True)
+class ParamRole:
+    """What a training step does with one parameter, found by the tracer from the pytree
+    structure of the traced function's arguments and outputs (never from tensor names).
+
+    ``param``: the parameter tensor (role ``"param"``). ``grad``: its gradient — the
+    tensor every path from the backward pass into the update goes through, the one
+    nearest the update that is not an element-wise map of it alone (see
+    :func:`autolayout.trace`). ``opt_state``: its optimizer-state tensors (leaves of the
+    optimizer state that mirror the parameter's position in the parameter tree).
+    ``update``: the updated parameter, an output tensor. ``None`` / ``()`` where the step
+    has none (a forward pass, a frozen parameter)::
+
+        ParamRole(param='w', grad='grad/w', opt_state=('mu/w', 'nu/w'), update='out/0/w')
+    """
+
+    param: str
+    grad: str | None
+    opt_state: tuple[str, ...]
+    update: str | None
+
+    def __repr__(self) -> str:
+        return (f"ParamRole({self.param!r}, grad={self.grad!r}, opt_state={self.opt_state!r}, "
+                f"update={self.update!r})")
+
+
+@dataclass(frozen=True)
 class OutputSpec:
     """How a graph tensor maps back to one leaf of the traced function's output."""
 
@@ -212,12 +239,20 @@ class OutputSpec:
 class Graph:
     """A traced program as named-dimension ops.
 
+    Besides the ops, a traced graph records where it came from (all constructor
+    arguments, read-only afterwards): ``fn`` (the traced function), ``example_spec``
+    (its arguments as ``jax.ShapeDtypeStruct`` s), ``arg_dims`` and ``arg_roles`` (the
+    ``dims`` and ``roles`` given to :func:`~autolayout.trace`), ``donated`` (output tensor
+    -> the donated input tensor whose buffer it reuses) and ``param_roles`` (parameter
+    tensor -> :class:`ParamRole`; every parameter has one).
+
     Example::
 
         g = autolayout.models.mlp(batch=8, d_io=16, d_hidden=32)
         g.dims            # {'batch': 8, 'io': 16, 'hidden': 32}
         g.flops()         # exact model flops of one training step
         g.evaluate(*args) # unsharded reference run
+        g.param_roles["w"].grad  # 'grad/w'
     """
 
     def __init__(
@@ -230,6 +265,12 @@ class Graph:
         out_tree: Any,
         loops: Sequence[Loop] = (),
         name: str = "graph",
+        param_roles: Mapping[str, ParamRole] | None = None,
+        donated: Mapping[str, str] | None = None,
+        fn: Callable | None = None,
+        example_spec: Any = None,
+        arg_dims: Any = None,
+        arg_roles: Any = None,
     ) -> None:
         self.name = name
         self.nx = nx.DiGraph()
@@ -256,8 +297,14 @@ class Graph:
         self.outputs = tuple(outputs)
         self.out_tree = out_tree
         self.loops: dict[str, Loop] = {lp.name: lp for lp in loops}
-        # output tensor -> donated input tensor whose buffer it reuses (set by trace)
-        self.donated: dict[str, str] = {}
+        self.fn = fn
+        self.example_spec = example_spec
+        self.arg_dims = arg_dims
+        self.arg_roles = arg_roles
+        # output tensor -> donated input tensor whose buffer it reuses
+        self.donated: Mapping[str, str] = types.MappingProxyType(self._check_donated(donated or {}))
+        self.param_roles: Mapping[str, ParamRole] = types.MappingProxyType(
+            self._check_roles(param_roles or {}))
         self.loop_dims: frozenset[str] = frozenset(lp.dim for lp in loops if lp.dim)
         dims: dict[str, int] = {}
         for op in ops:
@@ -266,6 +313,35 @@ class Graph:
                     raise ValueError(
                         f"dim {d.name!r} has two sizes: {dims[d.name]} and {d.size} (tensor {op.name!r})")
         self.dims: dict[str, int] = dims
+
+    def _check_donated(self, donated: Mapping[str, str]) -> dict[str, str]:
+        for out, src in donated.items():
+            for t in (out, src):
+                if t not in self._ops:
+                    raise ValueError(f"donated: graph has no tensor {t!r}")
+            if self._ops[src].output.role not in ("input", "param", "opt_state"):
+                raise ValueError(f"donated: {out!r} reuses {src!r}, which is not an argument")
+        return dict(donated)
+
+    def _check_roles(self, roles: Mapping[str, ParamRole]) -> dict[str, ParamRole]:
+        """Every parameter gets a role (an empty one if none was given); every tensor a
+        role names exists and has the right kind."""
+        out = {}
+        for t in self.params():
+            r = roles.get(t.name, ParamRole(t.name, None, (), None))
+            if not isinstance(r, ParamRole) or r.param != t.name:
+                raise ValueError(f"param_roles[{t.name!r}] must be a ParamRole of {t.name!r}, got {r!r}")
+            for what, n in (("grad", r.grad), ("update", r.update), *(("opt_state", o) for o in r.opt_state)):
+                if n is not None and n not in self._ops:
+                    raise ValueError(f"param_roles[{t.name!r}].{what}: graph has no tensor {n!r}")
+            if any(self._ops[o].output.role != "opt_state" for o in r.opt_state):
+                raise ValueError(f"param_roles[{t.name!r}].opt_state {r.opt_state} holds a tensor "
+                                 f"whose role is not 'opt_state'")
+            out[t.name] = r
+        extra = sorted(set(roles) - set(out))
+        if extra:
+            raise ValueError(f"param_roles names {extra}, which are not parameters of the graph")
+        return out
 
     # ---- lookup -----------------------------------------------------------
     def ops(self) -> list[Op]:

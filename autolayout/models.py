@@ -24,11 +24,6 @@ def _sds(shape: tuple, dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(tuple(int(s) for s in shape), dtype)
 
 
-def _finish(g: Graph, fn: Callable, args: tuple, dims: Any, roles: Any) -> Graph:
-    g.fn, g.example_spec, g.arg_dims, g.arg_roles = fn, args, dims, roles
-    return g
-
-
 # --------------------------------------------------------------------------- mlp
 def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "float32",
         learning_rate: float = 0.1) -> Graph:
@@ -57,8 +52,7 @@ def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "
     if not train:
         args = (params, _sds((batch, d_io), dtype))
         dims, roles = (pdims, "batch io"), ("param", "input")
-        g = trace(forward, *args, dims=dims, roles=roles, name="mlp_forward")
-        return _finish(g, forward, args, dims, roles)
+        return trace(forward, *args, dims=dims, roles=roles, name="mlp_forward")
 
     def step(params: dict, batch: dict) -> tuple:
         def loss_fn(p: dict, x: Any) -> Any:
@@ -71,8 +65,7 @@ def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "
 
     args = (params, {"x": _sds((batch, d_io), dtype), "dy": _sds((batch, d_io), dtype)})
     dims, roles = (pdims, {"x": "batch io", "dy": "batch io"}), ("param", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="mlp", donate_argnums=(0,))
-    return _finish(g, step, args, dims, roles)
+    return trace(step, *args, dims=dims, roles=roles, name="mlp", donate_argnums=(0,))
 
 
 # --------------------------------------------------------------------------- transformer
@@ -162,13 +155,11 @@ def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: 
     if not train:
         args = (params, batch_spec["tokens"])
         dims, roles = (pdims, "batch length"), ("param", "input")
-        g = trace(forward, *args, dims=dims, roles=roles, name="transformer_lm_forward")
-        return _finish(g, forward, args, dims, roles)
+        return trace(forward, *args, dims=dims, roles=roles, name="transformer_lm_forward")
     step = train_step(loss_fn, optimizer, learning_rate)
     args = (params, init_opt_state(optimizer, params), batch_spec)
     dims, roles = (pdims, None, bdims), ("param", "opt_state", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="transformer_lm", donate_argnums=(0, 1))
-    return _finish(g, step, args, dims, roles)
+    return trace(step, *args, dims=dims, roles=roles, name="transformer_lm", donate_argnums=(0, 1))
 
 
 # --------------------------------------------------------------------------- moe
@@ -212,8 +203,7 @@ def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, len
     if not train:
         args = (params, _sds((batch, length, d_model), dtype))
         dims, roles = (pdims, "batch length d_model"), ("param", "input")
-        g = trace(forward, *args, dims=dims, roles=roles, name="moe_forward")
-        return _finish(g, forward, args, dims, roles)
+        return trace(forward, *args, dims=dims, roles=roles, name="moe_forward")
 
     def step(params: dict, batch_: dict) -> tuple:
         def loss_fn(p: dict) -> Any:
@@ -228,8 +218,7 @@ def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, len
     args = (params, {"x": x, "dy": x})
     dims = (pdims, {"x": "batch length d_model", "dy": "batch length d_model"})
     roles = ("param", "input")
-    g = trace(step, *args, dims=dims, roles=roles, name="moe", donate_argnums=(0,))
-    return _finish(g, step, args, dims, roles)
+    return trace(step, *args, dims=dims, roles=roles, name="moe", donate_argnums=(0,))
 
 
 MODELS: dict[str, Callable[..., Graph]] = {"mlp": mlp, "transformer_lm": transformer_lm, "moe": moe}

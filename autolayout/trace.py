@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from autolayout._build import _build
 from autolayout._interpret import _Tracer
+from autolayout._roles import param_roles
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph
 
@@ -89,6 +90,28 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     the new ``params`` of ``(params, opt_state, batch) -> (params, opt_state, loss)``)
     takes that input's memory once the input is last read (``graph.donated``).
 
+    **Parameter roles** (``graph.param_roles``) come from the pytree structure, never from
+    tensor names: for each ``"param"`` leaf its optimizer state, its updated value and its
+    gradient. The rule (module :mod:`autolayout._roles`): the parameter's *container* is
+    the largest argument subtree holding only parameters; optimizer-state leaves are those
+    at the parameter's place in any other argument subtree of the container's structure
+    (optax states mirror the params tree: ``ScaleByAdamState(mu=<params>, nu=<params>)``)
+    with the parameter's shape; the update is the output leaf at the parameter's own path
+    (``step(params, opt_state, batch) -> (params, opt_state, loss)``, or a ``TrainState``
+    in and out), else at its place in the one output subtree of the container's
+    structure; the gradient is, among the tensors every path from the backward pass (what
+    is computed from ``"input"`` arguments) into the update goes through, the one nearest
+    the update that neither reads optimizer state nor is an element-wise map of one
+    backward-pass tensor alone (learning-rate scalings, weight decay and casts belong to
+    the update; clip-by-global-norm's output, which mixes all gradients, is the gradient).
+    Limits: optimizer state that does not mirror the params tree (factored states of
+    another shape, ``optax.masked``'s placeholders) is not paired; a state leaf that would
+    pair with two parameters (separate same-shape parameter arguments) pairs with none; a
+    step whose loss reads no ``"input"`` argument finds no gradients; an output order that
+    leaves several output subtrees shaped like the params (``(loss, params, adam_state)``)
+    finds no update. Whatever is not found is ``None`` (or ``()``), visible in
+    ``graph.param_roles``.
+
     Example::
 
         g = trace(lambda x, w: jnp.tanh(x @ w),
@@ -146,8 +169,12 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
     g = _build(tr, in_vals, in_names, outs, closed.jaxpr.outvars, in_tree_of(args), out_tree,
                name or getattr(fn, "__name__", "graph"))
-    g.donated = _donations(g, flat, in_names, out_tree, donate_argnums)
-    return g
+    spec = jax.eval_shape(lambda *a: a, *args)
+    roles_found = param_roles(g, spec, [p for p, _ in flat], in_names, in_roles)
+    return Graph(g.ops(), input_names=g.input_names, in_tree=g.in_tree, outputs=g.outputs,
+                 out_tree=g.out_tree, loops=tuple(g.loops.values()), name=g.name,
+                 param_roles=roles_found, donated=_donations(g, flat, in_names, out_tree, donate_argnums),
+                 fn=fn, example_spec=spec, arg_dims=dims, arg_roles=roles)
 
 
 def _donations(g: Graph, flat: list, in_names: list, out_tree: Any, donate: Sequence[int]) -> dict:

@@ -77,8 +77,9 @@ def train_step(loss_fn: Callable[[Any, Any], Any], optimizer: str = "sgd",
 
 
 def label_grads(grads: Any) -> Any:
-    """Name each gradient ``grad/<param path>`` for the tracer, so the cost model can
-    pair it with its parameter (gradient memory, weight-update sharding)."""
+    """Name each gradient ``grad/<param path>`` so graphs and reports read well. Nothing
+    depends on the names: the tracer pairs gradients with parameters by structure
+    (``graph.param_roles``)."""
     import jax
 
     from autolayout.trace import _path_str, named

@@ -140,7 +140,8 @@ def bring_your_own_model() -> list:
            "class MLP(nn.Module):\n"
            "    @nn.compact\n"
            "    def __call__(self, x):\n"
-           "        return nn.Dense(O)(nn.gelu(nn.Dense(H)(x)))\n\n"
+           "        h = nn.gelu(nn.Dense(H)(x))  # Dense_0: modules are numbered as created\n"
+           "        return nn.Dense(O)(h)        # Dense_1\n\n"
            "model = MLP()\n"
            "params = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch[\"x\"])[\"params\"]\n"
            "dims = {\"Dense_0\": {\"kernel\": \"features hidden\", \"bias\": \"hidden\"},\n"
@@ -157,7 +158,8 @@ def bring_your_own_model() -> list:
              '    class MLP(nn.Module):\n'
              '        @nn.compact\n'
              '        def __call__(self, x):\n'
-             '            return nn.Dense(O)(nn.gelu(nn.Dense(H)(x)))\n\n'
+             '            h = nn.gelu(nn.Dense(H)(x))  # Dense_0: modules are numbered as created\n'
+             '            return nn.Dense(O)(h)        # Dense_1\n\n'
              '    model = MLP()\n'
              '    flax_params = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch["x"])["params"]\n'
              '    flax_step = autolayout.train_step(\n'

@@ -366,11 +366,8 @@ def test_storage_stage_bytes_per_tensor(stage):
     from autolayout.costmodel import plan
     g = models.transformer_lm(**STAGE_MODEL)
     p = plan(g, "all:8", f"batch:all|*:all@{stage}")
-    roles = g.param_roles if hasattr(g, "param_roles") else None
     for t in g.params():
-        grad = roles[t.name].grad if roles else "grad/" + t.name
-        states = roles[t.name].opt_state if roles else [s.name for s in g.tensors()
-                                                         if s.role == "opt_state" and s.name.endswith("/" + t.name)]
+        grad, states = g.param_roles[t.name].grad, g.param_roles[t.name].opt_state
         assert p.local_bytes[t.name] == (t.nbytes // 8 if stage == 3 else t.nbytes), t.name
         for s in states:
             assert p.local_bytes[s] == g.tensor(s).nbytes // 8, s

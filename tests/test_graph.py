@@ -70,6 +70,33 @@ def test_evaluate_with_other_values_than_traced():
     zoo_cases.assert_tree_close(evaluate(*args), fn(*args))
 
 
+BROADCAST_CASES = {
+    # issue 13's repro: the gradient of a mean over `seq` broadcasts back over it into a matmul
+    "mean_pool_grad": (lambda w, x: jax.value_and_grad(lambda w: jnp.sum((x @ w).mean(axis=1) ** 2))(w),
+                       ((4, 8), (4, 3, 4)), ("embed mlp", "batch seq embed"), "batch:rows;mlp:cols"),
+    # grouped-query attention: jnp.repeat of the key heads is a broadcast and a merge
+    "gqa_repeat": (lambda q, k: jnp.einsum("blhd,bmhd->bhlm", q, jnp.repeat(k, 2, axis=2)),
+                   ((2, 5, 4, 3), (2, 5, 2, 3)), ("batch length heads d", "batch length kvh d"),
+                   "batch:rows;d:cols"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROADCAST_CASES))
+def test_broadcast_feeding_a_contraction_evaluates_and_executes(case):
+    from autolayout import execute
+
+    fn, shapes, dims, layout = BROADCAST_CASES[case]
+    g = trace(fn, *(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes), dims=dims)
+    assert any(op.fn == "broadcast" for op in g.ops())
+    rng = np.random.default_rng(0)
+    args = tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes)
+    zoo_cases.assert_tree_close(jax.jit(g.evaluate)(*args), jax.jit(fn)(*args))
+    mesh = "rows:2,cols:4" if case == "mean_pool_grad" else "rows:2,cols:3"
+    ex = execute(g, mesh, layout, args=args, repeats=1, devices=jax.devices()[:6] if "3" in mesh else None,
+                 compiler_options={"xla_backend_optimization_level": 0})
+    assert ex.max_abs_error < 1e-5 and ex.collectives_match, ex.comparison
+
+
 def test_evaluate_rejects_arguments_of_another_structure():
     g = zoo_cases.graph("mlp", False)
     params, x = models.example_args(g)

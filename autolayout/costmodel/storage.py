@@ -49,24 +49,15 @@ _SUMMING = ("add", "add_any", "sub")
 
 # ------------------------------------------------------------------ parameter roles
 def grad_of(graph: Graph, param: str) -> str | None:
-    """``param``'s gradient tensor (``graph.param_roles``), or None."""
-    roles = getattr(graph, "param_roles", None)
-    if roles is not None:
-        role = roles.get(param)
-        return role.grad if role is not None else None
-    name = "grad/" + param
-    return name if name in graph else None
+    """``param``'s gradient tensor (``graph.param_roles``, found by the tracer), or None."""
+    role = graph.param_roles.get(param)
+    return role.grad if role is not None else None
 
 
 def opt_state_of(graph: Graph, param: str) -> list[str]:
     """``param``'s optimizer-state tensors (``graph.param_roles``)."""
-    roles = getattr(graph, "param_roles", None)
-    if roles is not None:
-        role = roles.get(param)
-        return list(role.opt_state) if role is not None else []
-    p = graph.tensor(param)
-    return [t.name for t in graph.tensors() if t.role == "opt_state" and "/" in t.name
-            and t.name.split("/", 1)[1] == param and set(t.dim_names) == set(p.dim_names)]
+    role = graph.param_roles.get(param)
+    return list(role.opt_state) if role is not None else []
 
 
 def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...]]) -> tuple[list[str], set[str]]:

@@ -178,8 +178,8 @@ def wus_transformer(cores: int = 2048, batch: int = 2048, mesh: str = "rows:32,c
 
 def update_time(cost: Any, graph: Any) -> float:
     """Predicted time of the optimizer update: elementwise ops outside loops downstream of a
-    gradient (``grad/...``), plus the collectives on them."""
-    grads = {t.name for t in graph.tensors() if t.name.startswith("grad/")}
+    gradient (``graph.param_roles``), plus the collectives on them."""
+    grads = {r.grad for r in graph.param_roles.values() if r.grad}
     region, frontier = set(), list(grads)
     while frontier:
         t = frontier.pop()
