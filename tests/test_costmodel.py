@@ -397,3 +397,21 @@ def test_storage_stage_collectives_per_step():
     w1 = g.tensor("layers/w1")
     gathers = [x for x in predict(g, "all:8", "batch:all|layers/w1:all@3").collectives if x.kind == "all-gather"]
     assert {x.bytes for x in gathers} == {w1.nbytes // L // 8}  # one layer's shard per gather
+
+
+def test_storage_stage1_needs_a_linear_gradient_path():
+    """Stage 1 keeps the gradient a partial sum until it is complete; a stacked gradient
+    that passes a non-linear op before the update cannot wait (stage 2 can)."""
+    def step(w, x):
+        def loss(w):
+            h, _ = jax.lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), x, w)
+            return jnp.sum(h)
+        val, gw = jax.value_and_grad(loss)(w)
+        return w - 0.1 * jnp.maximum(gw, 0.0) * jnp.sign(gw), val
+
+    g = trace(step, jax.ShapeDtypeStruct((2, 16, 16), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32),
+              dims=("layers io _", "batch io"), roles=("param", "input"))
+    assert g.param_roles["w"].grad is not None
+    predict(g, "all:8", "batch:all|w:all@2")
+    with pytest.raises(LayoutError, match=r"stage 1 keeps the gradient as a partial sum.*Use stage 2"):
+        predict(g, "all:8", "batch:all|w:all@1")
