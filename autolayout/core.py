@@ -50,14 +50,14 @@ class LayoutError(ValueError):
 
 # Names must not contain the separators of the string forms, so that every
 # Mesh and Layout prints to a string that parses back to the same value.
-_NAME_RE = re.compile(r"[^\s:;,|@]+")
+_NAME_RE = re.compile(r"[^\s:;,|@=]+")
 _AUTO_AXIS_NAMES = {1: ("all",), 2: ("rows", "cols"), 3: ("rows", "cols", "planes")}
 
 
 def _check_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise LayoutError(
-            f"{what} must be a non-empty string without whitespace or any of ':;,|@', got {name!r}"
+            f"{what} must be a non-empty string without whitespace or any of ':;,|@=', got {name!r}"
         )
     return name
 
@@ -214,6 +214,10 @@ def _parse_mesh_string(text: str) -> list[tuple[str, int]]:
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 Storage = tuple[tuple[str, tuple[str, ...], int], ...]
 STAGES = (1, 2, 3)
+# Region kinds a dim may have its own rule in (``length@norm:x``); see Layout.
+REGIONS = ("norm",)
+# Rematerialisation policies of scan bodies (autolayout.remat); "" = as traced.
+REMAT = ("none", "full", "dots")
 # stage spellings people use (ZeRO, Rajbhandari et al. 2020; FSDP is ZeRO-3)
 _STAGE_NAMES = {"1": 1, "2": 2, "3": 3, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
 
@@ -273,30 +277,55 @@ class Layout:
     that parameter allows): ``"batch:data,fsdp;heads:tensor|*:fsdp@3"`` is MaxText's
     FSDP over ``fsdp``.
 
+    **Regions** (sequence parallelism, Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models"): a rule ``dim@norm:axes`` splits ``dim``
+    over ``axes`` in the *norm region* only — the layer norms, residual adds and other
+    element-wise ops on the residual stream between the contractions (tensors whose dims
+    are all dims of a scan's carry). Its axes include the dim's own rule's and add axes
+    the contractions use for other dims: with ``heads:x;d_ff:x``, ``length@norm:x`` is
+    Megatron-LM's sequence parallelism over the tensor-parallel axis ``x`` (the matmul's
+    all-reduce becomes a reduce-scatter into the region, and an all-gather feeds the next
+    matmul).
+
+    **Rematerialisation**: an option ``remat=full`` (or ``dots``, ``none``) in the storage
+    section rewrites the step's scans as ``jax.checkpoint`` with that policy would
+    (:mod:`autolayout.remat`): ``"...|*:y,z@3;remat=full"``.
+
     Layouts are frozen and hashable. Rule order is kept (it is what you wrote);
     use :meth:`canonical` to compare independent of order.
     """
 
     rules: Rules
     storage: Storage = field(default=())
+    remat: str = ""
 
-    def __init__(self, rules: Any = None, storage: Any = None, *, update_sharding: Any = None) -> None:
+    def __init__(self, rules: Any = None, storage: Any = None, *, update_sharding: Any = None,
+                 remat: str | None = None) -> None:
         if update_sharding is not None:
             if storage is not None:
                 raise LayoutError("storage sharding given twice (storage= and update_sharding=); give it once")
             storage = update_sharding
+        options: dict[str, str] = {}
         if isinstance(rules, Layout):
-            rules, upd = rules.rules, rules.storage
+            rules, upd, options = rules.rules, rules.storage, ({"remat": rules.remat} if rules.remat else {})
         elif isinstance(rules, str):
             rules, _, upd = rules.partition("|")
+            upd, options = _split_options(upd)
         else:
             upd = None
         if upd and storage is not None:
             raise LayoutError(
                 "storage (weight-update) sharding given twice (in the layout after '|' and as an "
                 "argument); give it once")
+        if remat is not None and options.get("remat") is not None:
+            raise LayoutError("remat given twice (in the layout string and as remat=); give it once")
+        remat = remat if remat is not None else options.get("remat", "")
+        if remat and remat not in REMAT:
+            raise LayoutError(f"unknown remat policy {remat!r}; choose one of {', '.join(REMAT)} "
+                              "(e.g. 'batch:rows|remat=full')")
         object.__setattr__(self, "rules", _normalise_rules(rules, "dim"))
         object.__setattr__(self, "storage", _normalise_storage(upd if upd else storage))
+        object.__setattr__(self, "remat", remat or "")
 
     @classmethod
     def parse(cls, text: str) -> Layout:
@@ -318,6 +347,13 @@ class Layout:
             if d == name:
                 return axes
         return ()
+
+    def region_axes(self, dim: str, region: str) -> tuple[str, ...]:
+        """Mesh axes ``dim`` is split over in ``region`` (its ``dim@region`` rule, else its own)."""
+        for d, axes in self.rules:
+            if d == f"{dim}@{region}":
+                return axes
+        return self.axes_of(dim)
 
     @property
     def update_sharding(self) -> Rules:
@@ -348,7 +384,7 @@ class Layout:
 
     def canonical(self) -> Layout:
         """The same layout with rules and storage entries sorted by name."""
-        return Layout(sorted(self.rules), sorted(self.storage))
+        return Layout(sorted(self.rules), sorted(self.storage), remat=self.remat)
 
     def local_size(self, dim: Dim, mesh: Any) -> int:
         """Size of ``dim`` on one device: its size / product of its mesh axes."""
@@ -407,11 +443,11 @@ class Layout:
     # -- functional updates -------------------------------------------------------
     def with_rule(self, dim: str, axes: str | Sequence[str] | None) -> Layout:
         """A copy with ``dim`` split over ``axes`` (replacing its rule in place, else appended)."""
-        return Layout(_replace(self.rules, dim, axes), self.update_sharding)
+        return Layout(_replace(self.rules, dim, axes), self.storage, remat=self.remat)
 
     def without(self, dim: str) -> Layout:
         """A copy with ``dim`` unsplit."""
-        return Layout(_replace(self.rules, dim, None), self.update_sharding)
+        return Layout(_replace(self.rules, dim, None), self.storage, remat=self.remat)
 
     def with_update_sharding(self, param: str, axes: str | Sequence[str] | None) -> Layout:
         """A copy whose weight update of ``param`` is sharded over ``axes`` (stage 1; None removes it)."""
@@ -423,7 +459,11 @@ class Layout:
         if axes is not None and not (isinstance(axes, (tuple, list)) and not axes):
             at = next((i for i, (k, _, _) in enumerate(self.storage) if k == param), len(entries))
             entries.insert(at, (param, axes, stage))
-        return Layout(self.rules, entries)
+        return Layout(self.rules, entries, remat=self.remat)
+
+    def with_remat(self, policy: str | None) -> Layout:
+        """A copy with rematerialisation ``policy`` (``None``/``""``: as traced)."""
+        return Layout(self.rules, self.storage, remat=policy or "")
 
     # -- validation ---------------------------------------------------------------
     def validate(self, graph: Any, mesh: Any) -> Layout:
@@ -438,9 +478,11 @@ class Layout:
     # -- printing -------------------------------------------------------------------
     def __str__(self) -> str:
         text = _format_rules(self.rules)
-        if self.storage:
-            text += "|" + ";".join(f"{key}:{','.join(axes)}" + (f"@{stage}" if stage != 1 else "")
-                                   for key, axes, stage in self.storage)
+        entries = [f"{key}:{','.join(axes)}" + (f"@{stage}" if stage != 1 else "") for key, axes, stage in self.storage]
+        if self.remat:
+            entries.append(f"remat={self.remat}")
+        if entries:
+            text += "|" + ";".join(entries)
         return text
 
     def __repr__(self) -> str:
@@ -503,7 +545,11 @@ def _normalise_rules(spec: Any, what: str) -> Rules:
         raise LayoutError(f"cannot read a layout from {spec!r}; {_LAYOUT_EXAMPLE}")
     out: dict[str, tuple[str, ...]] = {}
     for key, axes in items:
-        _check_name(key, f"{what} name")
+        base, at, region = key.partition("@") if isinstance(key, str) and what == "dim" else (key, "", "")
+        _check_name(base, f"{what} name")
+        if at and region not in REGIONS:
+            raise LayoutError(f"rule {key!r}: unknown region {region!r}; regions are {', '.join(REGIONS)} "
+                              f"(e.g. 'length@norm:x', sequence parallelism)")
         if key in out:
             raise LayoutError(
                 f"{what} {key!r} has two rules ({','.join(out[key]) or '-'} and "
@@ -513,6 +559,21 @@ def _normalise_rules(spec: Any, what: str) -> Rules:
         out[key] = _axes_tuple(axes, key, what)
     # An explicit None/() means "unsplit", which is the same as having no rule.
     return tuple((k, v) for k, v in out.items() if v)
+
+
+def _split_options(text: str) -> tuple[str, dict[str, str]]:
+    """Split ``key=value`` options (``remat=full``) from a storage section's entries."""
+    entries, options = [], {}
+    for part in text.split(";"):
+        if "=" in part:
+            key, _, value = (x.strip() for x in part.partition("="))
+            if key != "remat":
+                raise LayoutError(f"unknown layout option {key!r} in {part.strip()!r}; the one option is "
+                                  "'remat=full|dots|none'")
+            options[key] = value
+        else:
+            entries.append(part)
+    return ";".join(entries), options
 
 
 def _normalise_storage(spec: Any) -> Storage:
@@ -620,14 +681,22 @@ def validate_layout(layout: Any, graph: Any, mesh: Any) -> None:
                         + _closest(a, mesh.axis_names)
                     )
 
-    for dim, axes in layout.rules:
+    for key, axes in layout.rules:
+        dim, at, region = key.partition("@")
         if dim not in dims:
             raise LayoutError(
                 f"layout {str(layout)!r} has a rule for dim {dim!r}, which no tensor of the graph "
                 f"has; known dims: {sorted(dims)}." + _closest(dim, dims)
             )
+        main = layout.axes_of(dim)
+        if at and not set(main) <= set(axes):
+            raise LayoutError(
+                f"layout {str(layout)!r}: rule {key!r} splits {dim!r} over {','.join(axes)} in the {region} "
+                f"region, without its own axes {','.join(main)}; a region adds axes to a dim. Fix: "
+                f"'{key}:{','.join(dict.fromkeys((*main, *axes)))}'.")
 
-    for dim, axes in layout.rules:
+    for key, axes in layout.rules:
+        dim = key.partition("@")[0]
         size, n = dims[dim], math.prod(mesh.axis_size(a) for a in axes)
         if size % n:
             example = next((t for t in tensors if any(d.name == dim for d in t.shape)), None)

@@ -244,6 +244,16 @@ def test_layout_storage_stages_round_trip(text, storage):
     assert eval(repr(layout), {"Layout": Layout}) == layout
 
 
+def test_layout_regions_and_remat_round_trip():
+    text = "heads:x;d_ff:x;batch:y,z;length@norm:x|*:y,z@3;remat=full"
+    layout = Layout(text)
+    assert str(layout) == text and Layout(str(layout)) == layout
+    assert layout.axes_of("length") == () and layout.region_axes("length", "norm") == ("x",)
+    assert layout.region_axes("batch", "norm") == ("y", "z") and layout.remat == "full"
+    assert Layout("a:x", remat="dots") == Layout("a:x|remat=dots") != Layout("a:x")
+    assert str(layout.with_rule("heads", None)) == "d_ff:x;batch:y,z;length@norm:x|*:y,z@3;remat=full"
+
+
 def test_layout_storage_of_and_aliases():
     layout = Layout("batch:data|*:data@fsdp;embed:data@zero1")
     assert str(layout) == "batch:data|*:data@3;embed:data"
@@ -258,8 +268,11 @@ def test_layout_storage_of_and_aliases():
     ("batch:rows|w:rows@4", r"storage entry for 'w': unknown stage '4'; use 1, 2 or 3"),
     ("batch:rows|w@3", r"cannot read storage entry 'w@3'.*'parameter:axis\[@stage\]'"),
     ("batch:rows|w:rows;w:cols@3", r"parameter 'w' has two rules"),
-    ({"b@x": "rows"}, r"without whitespace or any of ':;,\|@'"),
-], ids=["bad-stage", "no-axes", "dup", "at-in-name"])
+    ({"b@x": "rows"}, r"rule 'b@x': unknown region 'x'; regions are norm"),
+    ("batch:rows|w=rows", r"unknown layout option 'w'.*'remat=full\|dots\|none'"),
+    ("batch:rows|remat=half", r"unknown remat policy 'half'"),
+    ({"b=x": "rows"}, r"without whitespace or any of ':;,\|@='"),
+], ids=["bad-stage", "no-axes", "dup", "unknown-region", "unknown-option", "bad-remat", "equals-in-name"])
 def test_layout_storage_errors(spec, match):
     with pytest.raises(LayoutError, match=match):
         Layout(spec)

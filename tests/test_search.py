@@ -26,6 +26,9 @@ from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 
 INF = math.inf
+# Mesh-TensorFlow's global rules (no region rules, the scans as traced): the space
+# enumerate_layouts lists, for the tests that hold the search against it
+MTF = dict(regions=False, remat="none")
 
 # --------------------------------------------------------------------------- graphs
 _GRAPHS: dict = {}
@@ -125,19 +128,19 @@ ORACLE_CASES = [
 def test_search_time_equals_exhaustive_minimum(name, mesh, hw):
     g = graph(name)
     best, best_layout = oracle(g, mesh, hw)
-    r = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    r = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
     assert_exact(r)
     assert r.cost.time_s == pytest.approx(best, rel=1e-9), (str(r.layout), str(best_layout))
     assert not r.layout.update_sharding
     # weight-update sharding is decided in the same model: never worse, still exact
-    rw = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=True)
+    rw = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=True, **MTF)
     assert_exact(rw)
     assert rw.cost.time_s <= r.cost.time_s * (1 + 1e-12)
 
 
 def test_weight_update_sharding_is_chosen_when_it_pays():
     g = graph("transformer")
-    r = search(g, "all:8", memory_limit=INF)
+    r = search(g, "all:8", memory_limit=INF, **MTF)
     assert str(Layout(r.layout.rules)) == "batch:all"
     assert dict(r.layout.update_sharding)["layers/w1"] == ("all",)
     plain = predict(g, "all:8", "batch:all")
@@ -209,20 +212,20 @@ def test_budget_below_any_layout_raises_with_the_smallest_memory():
                          ids=["transformer-all:8", "transformer-2x2"])
 def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
     g = graph(name)
-    free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
     mems = sorted({predict(g, mesh, lay, hw).memory_bytes for lay in enumerate_layouts(g, Mesh.parse(mesh))})
     if free.cost.memory_bytes == mems[0]:
         # the fastest layout is also the leanest (donated buffers can make data-parallel so):
         # any smaller budget is infeasible, and the minimum itself gives that layout back
         with pytest.raises(SearchError, match="below the smallest peak memory"):
-            search(g, mesh, hardware=hw, memory_limit=mems[0] - 1, shard_weight_update=False)
-        r = search(g, mesh, hardware=hw, memory_limit=mems[0], shard_weight_update=False)
+            search(g, mesh, hardware=hw, memory_limit=mems[0] - 1, shard_weight_update=False, **MTF)
+        r = search(g, mesh, hardware=hw, memory_limit=mems[0], shard_weight_update=False, **MTF)
         assert_exact(r)
         assert r.layout == free.layout
         return
     limit = free.cost.memory_bytes - 1
     expected = oracle(g, mesh, hw, memory_limit=limit)
-    r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False)
+    r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False, **MTF)
     assert_exact(r)
     assert r.cost.memory_bytes <= limit
     assert r.memory_rows >= 1
@@ -233,8 +236,8 @@ def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
 def test_budget_between_data_parallel_and_minimum_forces_model_parallelism():
     g, mesh = graph("transformer"), "rows:2,cols:2"
     dp = predict(g, mesh, "batch:rows,cols")
-    assert str(search(g, mesh, memory_limit=INF, shard_weight_update=False).layout) == "batch:rows,cols"
-    r = search(g, mesh, memory_limit=dp.memory_bytes - 1, shard_weight_update=False)
+    assert str(search(g, mesh, memory_limit=INF, shard_weight_update=False, **MTF).layout) == "batch:rows,cols"
+    r = search(g, mesh, memory_limit=dp.memory_bytes - 1, shard_weight_update=False, **MTF)
     assert r.cost.memory_bytes < dp.memory_bytes
     assert {"d_ff", "heads", "vocab"} <= set(r.layout.as_dict())  # Megatron-style model parallelism
 
@@ -242,12 +245,12 @@ def test_budget_between_data_parallel_and_minimum_forces_model_parallelism():
 def test_budget_only_reachable_with_weight_update_sharding():
     g, mesh = graph("transformer"), "all:8"
     dp = predict(g, mesh, "batch:all")
-    with_wus = search(g, mesh, memory_limit=INF)
+    with_wus = search(g, mesh, memory_limit=INF, **MTF)
     assert with_wus.layout.update_sharding and with_wus.cost.memory_bytes < dp.memory_bytes
     limit = (dp.memory_bytes + with_wus.cost.memory_bytes) // 2
     with pytest.raises(SearchError, match="smallest peak memory"):
-        search(g, mesh, memory_limit=limit, shard_weight_update=False)
-    r = search(g, mesh, memory_limit=limit)
+        search(g, mesh, memory_limit=limit, shard_weight_update=False, **MTF)
+    r = search(g, mesh, memory_limit=limit, **MTF)
     assert_exact(r)
     assert r.cost.memory_bytes <= limit and r.layout.update_sharding
     assert str(Layout(r.layout.rules)) == "batch:all"

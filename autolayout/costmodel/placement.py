@@ -331,33 +331,47 @@ def conversion(tensor: str, src: Placement, dst: Placement, sizes: Mapping[str, 
     return Conversion(src, dst, tuple(steps), mv, unflatten, bool(dst.flat))
 
 
+def reduce_target(computed: Placement, stored: Placement) -> Placement:
+    """Where a partial result is reduced to before any local reshuffle: ``computed`` plus the
+    axes ``stored`` splits it over that are partial (a reduce-scatter reaches those);
+    :func:`conversion` then moves it to ``stored`` (slicing or gathering the rest)."""
+    partial, have = set(computed.partial), set(computed.split_axes())
+    if stored.flat and set(stored.flat) <= partial and _axes_map(stored) == _axes_map(computed):
+        return stored
+    axes = tuple(computed.axes_of(d) + tuple(a for a in stored.axes_of(d) if a not in have and a in partial)
+                 for d in computed.dims)
+    return Placement(computed.dims, axes, partial=stored.partial)
+
+
 def reduction(tensor: str, computed: Placement, stored: Placement, sizes: Mapping[str, int], mesh: Mesh,
               itemsize: int, reduce: str = "sum") -> list[Step]:
     """Steps turning a value computed in ``computed`` (partial over ``computed.partial``)
-    into ``stored``: a reduce-scatter over the partial axes ``stored`` adds (along one dim,
-    the new axes minor to its existing ones, or of the flattened block, padded), then an
-    all-reduce over the partial axes left, except those ``stored`` keeps partial."""
+    into ``stored``: a reduce-scatter over the partial axes ``stored`` adds (along each dim
+    that takes new axes, minor to its existing ones, or of the flattened block, padded),
+    then an all-reduce over the partial axes left, except those ``stored`` keeps partial."""
     partial = set(computed.partial)
     extra = [a for a in stored.split_axes() if a not in computed.split_axes()]
     scatter = [a for a in extra if a in partial]
     keep = set(stored.partial)
     steps: list[Step] = []
     operand = computed.local_elements(sizes, mesh) * itemsize
-    if scatter:
-        if scatter != extra:
-            raise ValueError(f"internal: {tensor!r} is stored split over {extra} but only {scatter} are "
-                             "partial; a reduce-scatter cannot also slice")
+    if scatter and scatter != extra:
+        raise ValueError(f"internal: {tensor!r} is stored split over {extra} but only {scatter} are "
+                         "partial; a reduce-scatter cannot also slice")
+    if scatter and stored.flat:
         n = _prod(mesh, scatter)
-        if stored.flat:
-            pad = (stored.chunk(sizes, mesh) * n - stored.flat_elements(sizes, mesh)) * itemsize
-            kept = math.prod(stored.local_shape(sizes, mesh)[:-1])
-            operand = stored.chunk(sizes, mesh) * n * kept * itemsize
-            steps.append(Step(REDUCE_SCATTER, tensor, mesh_order(mesh, scatter), n, operand, "",
-                              pad * kept, reduce))
-        else:
-            dim = next(d for d in stored.dims if set(scatter) <= set(stored.axes_of(d)))
-            steps.append(Step(REDUCE_SCATTER, tensor, mesh_order(mesh, scatter), n, operand, dim, 0, reduce))
+        pad = (stored.chunk(sizes, mesh) * n - stored.flat_elements(sizes, mesh)) * itemsize
+        kept = math.prod(stored.local_shape(sizes, mesh)[:-1])
+        operand = stored.chunk(sizes, mesh) * n * kept * itemsize
+        steps.append(Step(REDUCE_SCATTER, tensor, mesh_order(mesh, scatter), n, operand, "", pad * kept, reduce))
         operand //= n
+    elif scatter:  # one reduce-scatter per dim that takes new axes, each on the shrinking shard
+        for d in stored.dims:
+            axes = [a for a in stored.axes_of(d) if a in scatter]
+            if axes:
+                n = _prod(mesh, axes)
+                steps.append(Step(REDUCE_SCATTER, tensor, mesh_order(mesh, axes), n, operand, d, 0, reduce))
+                operand //= n
     rest = mesh_order(mesh, [a for a in partial if a not in scatter and a not in keep])
     if rest:
         steps.append(Step(ALL_REDUCE, tensor, rest, _prod(mesh, rest), operand, "", 0, reduce))

@@ -40,7 +40,9 @@ from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Placement, Step, conversion,
-                                            mesh_order, move_steps, moves, reduction)
+                                            mesh_order, move_steps, moves, reduce_target, reduction)
+from autolayout.costmodel.regions import EMPTY as EMPTY_REGIONS
+from autolayout.costmodel.regions import NORM, Regions, region_axes, regions
 from autolayout.costmodel.storage import (BOUNDARY, REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
                                           storage_shards)
 from autolayout.graph import Graph, Op, identity_groups
@@ -114,6 +116,7 @@ class OpPlan:
     loop_back: Conversion | None = None
     reads: Mapping[str, Placement] = field(default_factory=dict)
     temp_bytes: int = 0  # transient buffers while the op runs: inputs it gathered (e.g. FSDP weights)
+    reduced: Placement | None = None  # where out_steps reduce to, when out_conversion then moves it
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -135,8 +138,11 @@ class Planner:
     (no shards: the layout's rules alone) and prices :meth:`op_plan`, as ``predict`` does."""
 
     def __init__(self, graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]],
-                 shards: Mapping[str, StorageShard] | None = None) -> None:
+                 shards: Mapping[str, StorageShard] | None = None, regions: Regions | None = None) -> None:
         self.graph, self.mesh, self.axes_of = graph, mesh, axes_of
+        self.regions = regions if regions is not None else EMPTY_REGIONS
+        # the rules as the norm region sees them (dim@norm rules in place of the dims' own)
+        self.norm_axes = region_axes(axes_of, NORM) if self.regions.dims else dict(axes_of)
         self.shards = dict(shards or {})
         self.sizes = graph.dims
         self._stored: dict[str, StorageShard] = {}
@@ -159,7 +165,8 @@ class Planner:
         if hit is None:
             dims = self.graph.tensor(name).dim_names
             sh = self._stored.get(name)
-            hit = sh.placement(self.graph, dims, self.axes_of) if sh else Placement.of(dims, self.axes_of)
+            axes = self.norm_axes if name in self.regions.stored else self.axes_of
+            hit = sh.placement(self.graph, dims, axes) if sh else Placement.of(dims, axes)
             if name in self._partial:  # stage 1: a partial sum over the shard's axes until complete
                 hit = hit.with_partial(mesh_order(self.mesh, self._partial[name].axes))
             self._cache[name] = hit
@@ -172,7 +179,7 @@ class Planner:
         t = self.graph.tensor(name)
         p = self.stored(name)
         if name in self._scatter and name in self._partial_ops and self.graph.op(name).fn == "stack":
-            p = Placement.of(t.dim_names, self.axes_of)
+            p = Placement.of(t.dim_names, self.norm_axes if name in self.regions.stored else self.axes_of)
         return p.local_elements(self.sizes, self.mesh) * t.itemsize
 
     def shard_of(self, op: str) -> StorageShard | None:
@@ -185,13 +192,14 @@ class Planner:
         g, mesh, sizes = self.graph, self.mesh, self.sizes
         out_stored = self.stored(op.name)
         sh = self._computed.get(op.name)
-        axes = dict(self.axes_of)
+        rules = self.norm_axes if op.name in self.regions.ops else self.axes_of
+        axes = dict(rules)
         flat = None
         if sh is not None:
             if sh.dim:
                 axes[sh.dim] = axes.get(sh.dim, ()) + sh.axes
             else:
-                flat = sh.placement(g, op.output.dim_names, self.axes_of)
+                flat = sh.placement(g, op.output.dim_names, rules)
         op_axes = {d.name: axes.get(d.name, ()) for d in op.dims}
         op_axes = {d: a for d, a in op_axes.items() if a}
         if op.kind in SOURCES:
@@ -213,12 +221,12 @@ class Planner:
             have = self.stored(src)
             computed = out_stored
             if carried:
-                computed = Placement.of(op.output.dim_names, self.axes_of).with_partial(carried)
+                computed = Placement.of(op.output.dim_names, rules).with_partial(carried)
             if op.fn in ("slice", "stack") or flat is not None:
                 # (un)stacking moves no data between devices, nor does a loop boundary of
                 # flattened shards (chunks are per layer): convert the input to where the
                 # output is, then (un)stack or relabel locally
-                need = self._boundary_need(op, sh, flat, computed)
+                need = self._boundary_need(op, sh, flat, computed, rules)
                 self._convert(src, need.with_partial(have.partial) if carried else need, conversions, reads)
             else:
                 need = have.base() if have.flat else have
@@ -229,24 +237,26 @@ class Planner:
             if op.fn == "carry":
                 loop_back = self._loop_back(op, out_stored)
         else:
+            partial = [a for d in op.reduced_dims for a in op_axes.get(d.name, ())] if op.kind in REDUCING else []
+            if partial or carried:
+                computed = computed.with_partial(mesh_order(mesh, [*partial, *carried]))
+            target = reduce_target(computed, out_stored) if computed.partial else out_stored
             for name in dict.fromkeys(op.inputs):
                 t = g.tensor(name)
                 if op.kind == "scatter" and name == op.inputs[0]:
-                    need = out_stored.base() if not out_stored.flat else out_stored  # the base operand
+                    need = target.with_partial(())  # the base operand, added to the reduced updates
                 elif flat is not None:
-                    need = (sh.placement(g, t.dim_names, self.axes_of) if sh.applies(g, t.dim_names)
-                            else Placement.of(t.dim_names, self.axes_of))  # broadcast into the shard locally
+                    need = (sh.placement(g, t.dim_names, rules) if sh.applies(g, t.dim_names)
+                            else Placement.of(t.dim_names, rules))  # broadcast into the shard locally
                 else:
                     need = Placement.of(t.dim_names, op_axes)
                 if carried and self.stored(name).partial:
                     need = need.with_partial(self.stored(name).partial)
                 self._convert(name, need, conversions, reads)
-            partial = [a for d in op.reduced_dims for a in op_axes.get(d.name, ())] if op.kind in REDUCING else []
-            if partial or carried:
-                computed = computed.with_partial(mesh_order(mesh, [*partial, *carried]))
         # output: reduce partial sums, or convert to where it is stored
         out_steps: tuple[Step, ...] = ()
         out_conv: Conversion | None = None
+        reduced: Placement | None = None
         if computed.partial:
             fn = {"max": "max", "min": "min", "argmax": "max", "argmin": "min", "and": "and",
                   "or": "or"}.get(op.fn, "sum") if op.kind == "reduce" else "sum"
@@ -265,7 +275,14 @@ class Planner:
                                   n * _itemsize(op.input_dtypes[0]), "", 0, fn),
                              Step(ALL_REDUCE, op.name, computed.partial, grp, n * itemsize, "", 0, "min"))
             else:
-                out_steps = tuple(reduction(op.name, computed, out_stored, sizes, mesh, itemsize, fn))
+                reduced = reduce_target(computed, out_stored)
+                out_steps = tuple(reduction(op.name, computed, reduced, sizes, mesh, itemsize, fn))
+                if _axes_map(reduced) != _axes_map(out_stored) or reduced.flat != out_stored.flat:
+                    out_conv = conversion(op.name, reduced.with_partial(()), out_stored, sizes, mesh, itemsize)
+                    if out_conv.identity:
+                        out_conv = None
+                else:
+                    reduced = None
         elif op.kind not in ("reshape", "constant"):
             out_conv = conversion(op.name, computed, out_stored, sizes, mesh, itemsize)
             if out_conv.identity:
@@ -273,15 +290,15 @@ class Planner:
         moved = bool(move_list) or any(c.steps for c in conversions.values())
         flops, nbytes = self._work(op, op_axes, flat, reads, computed, out_stored, moved)
         return self._plan(op, op_axes, flat, conversions, mv, computed, out_stored, out_steps, out_conv,
-                          flops, nbytes, move_list, loop_back, reads)
+                          flops, nbytes, move_list, loop_back, reads, reduced)
 
     def _boundary_need(self, op: Op, sh: StorageShard | None, flat: Placement | None,
-                       out: Placement) -> Placement:
+                       out: Placement, rules: Mapping[str, tuple[str, ...]]) -> Placement:
         """Where a loop boundary op needs its input: the output's placement carried over to
         the input's dims by the op's groups (the loop dim unsplit), or the flattened shard."""
         dims = self.graph.tensor(op.inputs[0]).dim_names
         if flat is not None:
-            return sh.placement(self.graph, dims, self.axes_of)
+            return sh.placement(self.graph, dims, rules)
         pair = {gi[0]: go[0] for gi, go in op.attr("groups", ()) if len(gi) == 1 and len(go) == 1}
         return Placement(dims, tuple(out.axes_of(pair[d]) if d in pair else () for d in dims))
 
@@ -337,14 +354,14 @@ class Planner:
     def _plan(self, op: Op, op_axes: Mapping, flat: Placement | None, conversions: Mapping,
               mv: Moves | None, computed: Placement, out: Placement, out_steps: tuple, out_conv: Any,
               flops: int, nbytes: int, move_list: tuple = (), loop_back: Conversion | None = None,
-              reads: Mapping[str, Placement] | None = None) -> OpPlan:
+              reads: Mapping[str, Placement] | None = None, reduced: Placement | None = None) -> OpPlan:
         # Matmul speed follows the operand dtype (bf16 inputs accumulate in f32 on TPU/GPU).
         dtype = op.input_dtypes[0] if op.kind == "einsum" and op.input_dtypes else op.output.dtype
         temp = sum(c.dst.local_elements(self.sizes, self.mesh) * self.graph.tensor(name).itemsize
                    for name, c in conversions.items() if c.steps)
         return OpPlan(op.name, op.kind, op.multiplicity, op_axes, flat, conversions, mv, computed, out,
                       tuple(out_steps), out_conv, int(flops), int(nbytes), dtype, tuple(move_list), loop_back,
-                      dict(reads or {}), int(temp))
+                      dict(reads or {}), int(temp), reduced)
 
 
 def _axes_map(p: Placement) -> dict[str, tuple[str, ...]]:
@@ -389,7 +406,8 @@ class Plan:
 
 
 def resolve_layout(graph: Graph, mesh: Any, layout: Any) -> tuple[Mesh, Layout, dict]:
-    """Coerce and validate; returns ``(mesh, layout, axes_of)``."""
+    """Coerce and validate; returns ``(mesh, layout, axes_of)`` (``axes_of`` keyed by dim, and
+    by ``dim@region`` for region rules)."""
     mesh = Mesh.parse(mesh)
     layout = Layout.coerce(layout)
     layout.validate(graph, mesh)
@@ -399,7 +417,9 @@ def resolve_layout(graph: Graph, mesh: Any, layout: Any) -> tuple[Mesh, Layout, 
                 f"dim {d!r} indexes the iterations of a scan (stacked layers) and cannot be split over "
                 f"{','.join(layout.axes_of(d))}: each device runs every iteration. Remove the rule "
                 f"'{d}:{','.join(layout.axes_of(d))}'.")
-    return mesh, layout, {d: layout.axes_of(d) for d in graph.dims if layout.axes_of(d)}
+    axes_of = {d: layout.axes_of(d) for d in graph.dims if layout.axes_of(d)}
+    axes_of.update((k, a) for k, a in layout.rules if "@" in k)
+    return mesh, layout, axes_of
 
 
 def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
@@ -417,8 +437,18 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
         LayoutError: the layout is not valid for the graph on the mesh.
     """
     mesh, layout, axes_of = resolve_layout(graph, mesh, layout)
-    shards, notes = storage_shards(graph, mesh, layout, axes_of)
-    planner = Planner(graph, mesh, axes_of, shards)
+    if layout.remat and layout.remat != "none":
+        from autolayout.remat import rematerialize
+        graph = rematerialize(graph, layout.remat)
+    regs = regions(graph)
+    unused = [k for k in axes_of if "@" in k and k.partition("@")[0] not in regs.dims]
+    if unused:
+        raise LayoutError(
+            f"layout {str(layout)!r}: rule {unused[0]!r} names the norm region of dim {unused[0].split('@')[0]!r}, "
+            f"but graph {graph.name!r} has no region with that dim (region dims: {sorted(regs.dims) or 'none'}: "
+            "the dims of its scans' carries). Drop the rule.")
+    shards, notes = storage_shards(graph, mesh, layout, axes_of, regs)
+    planner = Planner(graph, mesh, axes_of, shards, regs)
     ops = {op.name: planner.op_plan(op) for op in graph.ops()}
     placements = {name: planner.stored(name) for name in graph.order}
     local = {op.name: (planner.local_bytes(op.name) if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}

@@ -25,6 +25,7 @@ from autolayout.costmodel.collectives import collective_time
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, OpPlan, Planner, check_op
+from autolayout.costmodel.regions import Regions
 from autolayout.graph import Op
 
 __all__ = ["Collective", "OpCost", "op_cost", "price", "collective", "check_op", "REDUCING"]
@@ -95,12 +96,12 @@ def _sizes(op: Op) -> dict[str, int]:
     return {d.name: d.size for d in op.dims}
 
 
-def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware) -> OpCost:
+def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions | None = None) -> OpCost:
     """Per-device cost of one execution of ``op`` when each dim ``d`` is split over
-    ``axes_of[d]`` (missing = unsplit) and every tensor is stored as those rules say.
-    Only the op's own dims are read, so the search can cost each signature class once per
-    assignment."""
-    planner = Planner(_OpGraph(op), mesh, axes_of)
+    ``axes_of[d]`` (missing = unsplit; ``d@norm`` where the norm region of ``regions`` has
+    it) and every tensor is stored as those rules say. Only the op's own dims are read, so
+    the search can cost each signature class once per assignment."""
+    planner = Planner(_OpGraph(op), mesh, axes_of, regions=regions)
     return price(planner.op_plan(op), op, mesh, hw)
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import Placement
+from autolayout.costmodel.regions import NORM, Regions, region_axes
 from autolayout.graph import Graph
 
 __all__ = ["StorageShard", "storage_shards", "gradient_walk", "grad_of", "opt_state_of", "REDUCING", "BOUNDARY"]
@@ -60,14 +61,16 @@ def opt_state_of(graph: Graph, param: str) -> list[str]:
     return list(role.opt_state) if role is not None else []
 
 
-def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...]]) -> tuple[list[str], set[str]]:
+def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...]],
+                  regions: Regions | None = None) -> tuple[list[str], set[str]]:
     """Walk back from ``param``'s gradient through the ops that keep the parameter's dims
     (elementwise sums, loop stack/result/carry, reductions over unsplit dims) to the
     reducing ops whose split reduced dims all-reduce the gradient. Returns those ops and
-    every tensor visited."""
+    every tensor visited. An op in the norm region reads the rules as the region sees them."""
     grad = grad_of(graph, param)
     if grad is None:
         return [], set()
+    norm = region_axes(axes_of, NORM) if regions is not None and regions.dims else axes_of
     loop = graph.loop_dims
     pdims = set(graph.tensor(param).dim_names) - loop
     stack, seen, reduce_ops = [grad], set(), []
@@ -77,7 +80,8 @@ def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...
             continue
         seen.add(t)
         op = graph.op(t)
-        if op.kind in REDUCING and any(axes_of.get(d.name) for d in op.reduced_dims):
+        rules = norm if regions is not None and t in regions.ops else axes_of
+        if op.kind in REDUCING and any(rules.get(d.name) for d in op.reduced_dims):
             reduce_ops.append(op.name)
             continue
         if op.kind in REDUCING or op.kind == "elementwise" or (op.kind == "reshape" and op.fn in BOUNDARY):
@@ -148,8 +152,8 @@ class StorageShard:
         return Placement(p.dims, p.axes, self.axes, kept)
 
 
-def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[str, tuple[str, ...]]
-                   ) -> tuple[dict[str, StorageShard], list[str]]:
+def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[str, tuple[str, ...]],
+                   regions: Regions | None = None) -> tuple[dict[str, StorageShard], list[str]]:
     """The :class:`StorageShard` of each parameter the layout's storage entries cover, and
     notes on parameters a ``*`` entry does not apply to (and why)."""
     out: dict[str, StorageShard] = {}
@@ -161,14 +165,14 @@ def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[st
                                                                     if star else []):
         axes, stage = layout.storage_of(pname)
         explicit = pname in named
-        shard = _shard(graph, mesh, layout, axes_of, pname, axes, stage, explicit, notes)
+        shard = _shard(graph, mesh, layout, axes_of, pname, axes, stage, explicit, notes, regions)
         if shard is not None:
             out[pname] = shard
     return out, notes
 
 
 def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: str, axes: tuple[str, ...],
-           stage: int, explicit: bool, notes: list[str]) -> StorageShard | None:
+           stage: int, explicit: bool, notes: list[str], regions: Regions | None = None) -> StorageShard | None:
     p = graph.tensor(pname)
     what = f"storage sharding of {pname!r} over {','.join(axes)} (stage {stage})"
     grad = grad_of(graph, pname)
@@ -180,8 +184,13 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
                 f"new parameters are outputs.")
         notes.append(f"'*' storage entry: {pname!r} has no recorded gradient; left whole")
         return None
-    reduce_ops, seen = gradient_walk(graph, pname, axes_of)
-    covered = {a for name in reduce_ops for d in graph.op(name).reduced_dims for a in axes_of.get(d.name, ())}
+    reduce_ops, seen = gradient_walk(graph, pname, axes_of, regions)
+    norm = region_axes(axes_of, NORM) if regions is not None and regions.dims else axes_of
+
+    def rules(op_name: str) -> Mapping:
+        return norm if regions is not None and op_name in regions.ops else axes_of
+
+    covered = {a for name in reduce_ops for d in graph.op(name).reduced_dims for a in rules(name).get(d.name, ())}
     own = {a for d in p.dim_names for a in axes_of.get(d, ())}
     if not explicit:
         axes = tuple(a for a in axes if a in covered and a not in own)
@@ -229,7 +238,7 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
     stored: set[str] = set()
     computed: set[str] = set()
     appl = [r for r in reduce_ops if set(axes) <= {a for d in graph.op(r).reduced_dims
-                                                   for a in axes_of.get(d.name, ())}]
+                                                   for a in rules(r).get(d.name, ())}]
     if stage == 1 and grad not in reduce_ops:
         bad = _nonlinear(graph, path, set(appl), grad)
         if bad:

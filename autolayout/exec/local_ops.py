@@ -265,9 +265,8 @@ class LocalOps:
                 if stored.flat:
                     x = self.flatten_pad(x, dims, stored)
                     x = lax.psum_scatter(x, axis_name(stored.flat), scatter_dimension=x.ndim - 1, tiled=True)
-                else:
-                    have = computed.axes_of(s.dim)
-                    extra = stored.axes_of(s.dim)[len(have):]
+                else:  # the new axes of the dim, in the stored placement's major-to-minor order
+                    extra = tuple(a for a in stored.axes_of(s.dim) if a in s.axes)
                     x = lax.psum_scatter(x, axis_name(extra), scatter_dimension=dims.index(s.dim), tiled=True)
             elif s.kind == ALL_REDUCE:
                 name = axis_name(s.axes)

@@ -134,7 +134,7 @@ class ShardProgram(Interpreter, LocalOps):
         else:
             x = self.replay(op, ins, p.axes)
         if p.out_steps:
-            x = self.reduce_steps(x, dims, p.out_steps, p.computed, p.out)
+            x = self.reduce_steps(x, dims, p.out_steps, p.computed, p.reduced or p.out)
         if op.kind == "scatter":
             x = ins[op.inputs[0]] + x
         if p.out_conversion is not None:
@@ -188,7 +188,9 @@ class ShardProgram(Interpreter, LocalOps):
         """A loop boundary's value reduced into where it is stored (stage 1: the complete
         gradient of a stack of partial sums is reduce-scattered once)."""
         if p.out_steps:
-            x = self.reduce_steps(x, op.output.dim_names, p.out_steps, p.computed, p.out)
+            x = self.reduce_steps(x, op.output.dim_names, p.out_steps, p.computed, p.reduced or p.out)
+        if p.out_conversion is not None:
+            x = self.convert(x, p.out_conversion, op.output.dim_names, op.name)
         return x
 
     # ----------------------------------------------- step interface (flat shards)

@@ -1,6 +1,7 @@
 """Public entry points: :func:`layout`, :func:`search`, :class:`SearchResult`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from autolayout.search.model import Decoded
 from autolayout.search.solver import SearchError, solve
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
+from autolayout.remat import rematerialize, remat_pairs
 
 __all__ = ["SearchResult", "layout", "search", "mesh_shapes"]
 
@@ -80,7 +82,8 @@ def layout(graph: Graph, mesh_shape: Any, *, hardware: Any = "tpu-v3", memory_li
 
 def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
            hardware: Any = "tpu-v3", memory_limit: float | None = None, shard_weight_update: bool = True,
-           time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0) -> SearchResult:
+           time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
+           remat: str | None = None) -> SearchResult:
     """Find the layout (and weight-update sharding) minimising ``predict(...).time_s``.
 
     Args:
@@ -96,9 +99,14 @@ def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = No
         hardware: a profile name or :class:`~autolayout.costmodel.Hardware`.
         memory_limit: bytes per device; default the profile's ``hbm_bytes``;
             ``math.inf`` for no limit.
-        shard_weight_update: also decide weight-update sharding per parameter.
+        shard_weight_update: also decide storage sharding (ZeRO stage 1-3) per parameter.
         time_limit_s: CP-SAT time budget; on time-out the best layout found is
             returned with status ``FEASIBLE`` and its gap.
+        regions: also decide region rules (``length@norm:x``, sequence parallelism).
+        remat: rematerialisation policy of the step's scans (:mod:`autolayout.remat`):
+            ``None`` chooses the fastest that fits among ``"none"``, ``"full"`` and
+            ``"dots"`` (one exact solve each; only for a step traced without
+            ``jax.checkpoint``), or a fixed policy.
 
     Raises:
         SearchError: (a ``LayoutError``/``ValueError``) if no layout fits in
@@ -119,10 +127,36 @@ def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = No
         raise LayoutError(f"mesh {Mesh.parse(mesh_shape)} has {Mesh.parse(mesh_shape).size} devices, "
                           f"not num_devices={num_devices}; give one of them")
     mesh = Mesh.parse(mesh_shape)
-    tables = Tables(graph, mesh, hw)
-    wus, notes = wus_options(tables) if shard_weight_update else ([], [])
+    if remat is None:
+        policies = ["none", "full", "dots"] if remat_pairs(graph) else ["none"]
+    else:
+        policies = [remat or "none"]
+    best, errors = None, []
+    for i, policy in enumerate(policies):
+        left = time_limit_s - (time.perf_counter() - start)
+        try:
+            r = _search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
+                            max(left / (len(policies) - i), 0.05), num_workers, random_seed, start)
+        except SearchError as e:
+            errors.append((policy, e))
+            continue
+        if best is None or r.cost.time_s < best.cost.time_s * (1 - 1e-12):
+            best = r
+    if best is None:
+        if len(errors) == 1:
+            raise errors[0][1]
+        raise SearchError(" | ".join(f"remat={p}: {e}" for p, e in errors))
+    return dataclasses.replace(best, solve_time_s=time.perf_counter() - start)
+
+
+def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
+                time_limit_s: float, num_workers: int, random_seed: int, start: float) -> SearchResult:
+    """The exact search for one remat policy."""
+    g = rematerialize(graph, policy)
+    tables = Tables(g, mesh, hw, regions=regions)
+    wus, notes = wus_options(tables) if shard else ([], [])
     sol = solve(tables, wus, limit, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed)
-    lay = _layout_of(tables, sol.point)
+    lay = _layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
     cost = predict(graph, mesh, lay, hw)
     if math.isfinite(limit) and cost.memory_bytes != sol.peak_bytes:
         raise RuntimeError(f"internal: search memory {sol.peak_bytes} B != predict {cost.memory_bytes} B for "

@@ -80,6 +80,17 @@ class LayoutModel:
                     if space.size[d] % prod_axes(mesh, combo) and not any(set(b) <= set(combo) for b in bad):
                         bad.append(combo)
                         m.AddBoolOr([self.x[d, a].Not() for a in combo])
+        # a region dim keeps its base dim's axes (a region adds axes): x[d, m] => x[d@norm, m]
+        for v in space.dims:
+            b = space.base[v]
+            if b == v:
+                continue
+            for a in space.axes:
+                if (b, a) in self.x:
+                    if (v, a) in self.x:
+                        m.AddImplication(self.x[b, a], self.x[v, a])
+                    else:
+                        m.Add(self.x[b, a] == 0)
         # legality (tensors) and check_op (reducing ops): one dim of a conflict group per axis
         for grp in self.space.groups:
             for a in space.axes:

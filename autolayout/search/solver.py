@@ -100,6 +100,8 @@ def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
     def cost(axes_of: dict) -> float:
         return evaluate_time(tables, wus, with_best_wus(tables, wus, axes_of))
 
+    virtual = {space.base[v]: v for v in space.dims if space.base[v] != v}
+
     def moves(axes_of: dict):
         for d in space.dims:
             for combo in space.subsets[d]:
@@ -117,7 +119,25 @@ def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
                         cand.pop(o)
                 if combo:
                     cand[d] = combo
-                yield cand
+                v = virtual.get(d)
+                if v is not None and not set(combo) <= set(cand.get(v, ())):
+                    grown = space.mesh_order(set(cand.get(v, ())) | set(combo))
+                    if grown not in space.subsets[v]:
+                        continue
+                    cand[v] = grown  # the region keeps its base dim's axes
+                if consistent(cand):
+                    yield cand
+
+    def consistent(axes_of: dict) -> bool:
+        """A region dim keeps its base dim's axes, and evictions kept every tensor legal."""
+        for b, v in virtual.items():
+            if not set(axes_of.get(b, ())) <= set(axes_of.get(v, ())):
+                return False
+        for grp in space.groups:
+            used = [a for d in grp for a in axes_of.get(d, ())]
+            if len(used) != len(set(used)):
+                return False
+        return True
 
     def descend(axes_of: dict) -> tuple[float, dict]:
         best = cost(axes_of)
@@ -138,7 +158,11 @@ def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
         for d in big.dim_names:
             full = tuple(space.axes)
             if d in space.subsets and full in space.subsets[d]:
-                starts.append({d: full})
+                start = {d: full}
+                if d in virtual and full in space.subsets[virtual[d]]:
+                    start[virtual[d]] = full  # the region keeps the batch's axes
+                if consistent(start):
+                    starts.append(start)
                 break
     best_t, best = min((descend(s) for s in starts), key=lambda r: r[0])
     return with_best_wus(tables, wus, canonical_columns(tables, best))

@@ -25,28 +25,61 @@ from typing import Any
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.plan import REDUCING, unsplittable
-from autolayout.graph import Graph
+from autolayout.costmodel.regions import EMPTY, Regions, regions
+from autolayout.graph import Graph, Op
 
-__all__ = ["Space", "enumerate_layouts", "conflict_groups"]
+__all__ = ["Space", "Views", "enumerate_layouts", "conflict_groups"]
 
 # An assignment of a tuple of dims: one tuple of mesh axes (mesh order) per dim.
 Assignment = tuple[tuple[str, ...], ...]
 
 
-def conflict_groups(graph: Graph) -> list[frozenset[str]]:
-    """Maximal sets of non-loop dims that must sit on pairwise different mesh axes.
+class Views:
+    """Dim names as the search sees them: a dim ``d`` of the norm region
+    (:mod:`autolayout.costmodel.regions`) is the search dim ``d@norm`` wherever a tensor is
+    stored or an op computes in the region, so a layout may split it there differently
+    (``length@norm:x``). ``regions=False``: Mesh-TensorFlow's global rules only."""
 
-    One set per tensor (its dims, paper §8.5) and per reducing op (all its dims,
-    ``check_op``); sets contained in another are dropped.
+    def __init__(self, graph: Graph, use_regions: bool = True) -> None:
+        self.graph = graph
+        self.regions: Regions = regions(graph) if use_regions else EMPTY
+
+    def tensor(self, name: str) -> tuple[str, ...]:
+        """The stored view of tensor ``name``'s dims."""
+        r = self.regions
+        return r.view(self.graph.tensor(name).dim_names, r.tensor_region(name))
+
+    def compute(self, op: Op, dims: Any = None) -> tuple[str, ...]:
+        """``dims`` (default: all the op's dims) as the op computes them."""
+        dims = [d.name for d in op.dims] if dims is None else list(dims)
+        return self.regions.view(dims, self.regions.op_region(op.name))
+
+    def op(self, op: Op) -> tuple[str, ...]:
+        """Every search dim ``op``'s plan depends on: its compute view, the stored views of its
+        inputs and output, unique, in first-seen order."""
+        names = [*self.compute(op), *self.tensor(op.name)]
+        for i in op.inputs:
+            names += self.tensor(i)
+        return tuple(dict.fromkeys(names))
+
+
+def conflict_groups(graph: Graph, views: Views | None = None) -> list[frozenset[str]]:
+    """Maximal sets of non-loop (search) dims that must sit on pairwise different mesh axes.
+
+    One set per tensor (its dims as stored, and as each op reads and writes it, paper
+    §8.5) and per reducing op (all its dims, ``check_op``); sets contained in another are
+    dropped.
     """
+    views = views or Views(graph, False)
     loop = graph.loop_dims
     groups: set[frozenset[str]] = set()
     for op in graph.ops():
-        shapes = [op.output.shape, *op.input_shapes]
-        for shape in shapes:
-            groups.add(frozenset(d.name for d in shape) - loop)
+        for names in (views.tensor(op.name), views.compute(op, op.output.dim_names),
+                      *(views.tensor(i) for i in op.inputs),
+                      *(views.compute(op, [d.name for d in shape]) for shape in op.input_shapes)):
+            groups.add(frozenset(names) - loop)
         if op.kind in REDUCING:
-            groups.add(frozenset(d.name for d in op.dims) - loop)
+            groups.add(frozenset(views.compute(op)) - loop)
     groups = {g for g in groups if len(g) >= 2}
     maximal = [g for g in groups if not any(g < h for h in groups)]
     return sorted(maximal, key=lambda g: sorted(g))
@@ -58,17 +91,25 @@ class Space:
     ``axes`` are the mesh axes the search may use: all of them for the
     enumerator (``include_trivial=True``), only axes of size > 1 for the search
     (splitting over a size-1 axis changes nothing). ``dims`` are the non-loop
-    dims in ``graph.dims`` order.
+    dims in ``graph.dims`` order, then the region dims (``length@norm``, see
+    :class:`Views`); ``base`` maps each to its graph dim. A region dim's axes
+    include its base dim's (a region adds axes): :meth:`iter_assignments` and the
+    CP-SAT model enforce it.
     """
 
-    def __init__(self, graph: Graph, mesh: Mesh, *, include_trivial: bool = False) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, *, include_trivial: bool = False, regions: bool = True) -> None:
         self.graph, self.mesh = graph, mesh
+        self.views = Views(graph, regions)
         self.axes: tuple[str, ...] = tuple(a for a, s in mesh if include_trivial or s > 1)
-        self.dims: tuple[str, ...] = tuple(d for d in graph.dims if d not in graph.loop_dims)
-        self.size = {d: graph.dims[d] for d in self.dims}
+        real = tuple(d for d in graph.dims if d not in graph.loop_dims)
+        virtual = tuple(f"{d}@norm" for d in real if d in self.views.regions.dims)
+        self.dims: tuple[str, ...] = real + virtual
+        self.base = {d: d.partition("@")[0] for d in self.dims}
+        self.size = {d: graph.dims[self.base[d]] for d in self.dims}
         self.fixed = {d for op in graph.ops() for d in unsplittable(op)}
+        self.fixed |= {v for v in virtual if self.base[v] in self.fixed}
         self.rank = {d: i for i, d in enumerate(self.dims)}
-        self.groups = conflict_groups(graph)
+        self.groups = conflict_groups(graph, self.views)
         self.conflicts: dict[str, set[str]] = {d: set() for d in self.dims}
         for g in self.groups:
             for a, b in itertools.permutations(g, 2):
@@ -88,6 +129,10 @@ class Space:
     def usable(self, d: str, m: str) -> bool:
         """Whether dim ``d`` can be split over axis ``m`` at all (divisibility of the axis alone)."""
         return d in self.size and d not in self.fixed and self.size[d] % self.mesh.axis_size(m) == 0
+
+    def mesh_order(self, axes: Any) -> tuple[str, ...]:
+        axes = set(axes)
+        return tuple(a for a in self.axes if a in axes)
 
     def order(self, dims: Any) -> tuple[str, ...]:
         """Non-loop dims of ``dims`` in canonical (graph) order."""
@@ -112,14 +157,17 @@ class Space:
         cur: list[tuple[str, ...]] = []
         used: dict[str, list[str]] = {m: [] for m in self.axes}
 
+        pos = {d: i for i, d in enumerate(dims)}
+
         def rec(i: int) -> Iterator[Assignment]:
             if i == len(dims):
                 yield tuple(cur)
                 return
             d = dims[i]
             bad = self.conflicts[d]
+            below = cur[pos[self.base[d]]] if self.base[d] != d and self.base[d] in pos else ()
             for combo in self.subsets[d]:
-                if any(o in bad for m in combo for o in used[m]):
+                if any(o in bad for m in combo for o in used[m]) or not set(below) <= set(combo):
                     continue
                 for m in combo:
                     used[m].append(d)
@@ -131,13 +179,16 @@ class Space:
 
         yield from rec(0)
 
-    def layout_of(self, axes_of: dict[str, tuple[str, ...]], update_sharding: Any = None) -> Layout:
-        """A Layout with rules in graph dim order (unsplit dims omitted)."""
-        rules = [(d, axes_of[d]) for d in self.dims if axes_of.get(d)]
-        return Layout(rules, update_sharding)
+    def layout_of(self, axes_of: dict[str, tuple[str, ...]], update_sharding: Any = None,
+                  remat: str = "") -> Layout:
+        """A Layout with rules in graph dim order (unsplit dims omitted; a region dim only
+        where it adds axes to its base dim)."""
+        rules = [(d, axes_of[d]) for d in self.dims if axes_of.get(d)
+                 and (self.base[d] == d or set(axes_of[d]) != set(axes_of.get(self.base[d], ())))]
+        return Layout(rules, update_sharding, remat=remat)
 
 
-def enumerate_layouts(graph: Graph, mesh: Any) -> Iterator[Layout]:
+def enumerate_layouts(graph: Graph, mesh: Any, *, regions: bool = False) -> Iterator[Layout]:
     """Every valid layout of ``graph`` on ``mesh`` (the exhaustive oracle).
 
     Each non-loop dim is unsplit or split over one or more mesh axes (listed in
@@ -146,7 +197,8 @@ def enumerate_layouts(graph: Graph, mesh: Any) -> Iterator[Layout]:
     two dims on one axis, and no reducing op has two dims on one axis
     (``check_op``). Axes of size 1 are included, so layouts that differ only by
     a size-1 axis are all listed. Order: depth-first over dims in graph order,
-    each dim trying "unsplit" first. Without weight-update sharding.
+    each dim trying "unsplit" first. Without storage sharding; with
+    ``regions=True`` also every region rule (``length@norm:x``) that adds axes.
 
     >>> from autolayout import models
     >>> g = models.mlp(batch=8, d_io=4, d_hidden=8)
@@ -154,6 +206,10 @@ def enumerate_layouts(graph: Graph, mesh: Any) -> Iterator[Layout]:
     ['', 'batch:all', 'hidden:all']
     """
     mesh = Mesh.parse(mesh)
-    space = Space(graph, mesh, include_trivial=True)
+    space = Space(graph, mesh, include_trivial=True, regions=regions)
+    seen = set()
     for a in space.iter_assignments(space.dims):
-        yield space.layout_of(dict(zip(space.dims, a)))
+        lay = space.layout_of(dict(zip(space.dims, a)))
+        if lay not in seen:  # a region dim equal to its base prints as no rule
+            seen.add(lay)
+            yield lay

@@ -66,10 +66,12 @@ class _FastMesh(Mesh):
 class Tables:
     """Costs of ``graph`` on ``mesh`` under ``hw``, per dim group and assignment."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, *, regions: bool = True) -> None:
         self.graph, self.mesh, self.hw = graph, mesh, hw
         self.fast_mesh = _FastMesh(mesh.axes)
-        self.space = Space(graph, mesh)
+        self.space = Space(graph, mesh, regions=regions)
+        self.views = self.space.views
+        self.regions = self.views.regions
         # interchangeable axes: same size, same link
         buckets: dict[tuple, list[str]] = defaultdict(list)
         for a in self.space.axes:
@@ -82,10 +84,19 @@ class Tables:
         self.op_cost_calls = 0
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
-        for c in graph.signature_classes():
-            op = graph.op(c.ops[0])
-            g = self.group(self.space.order(d.name for d in op.dims))
-            g.classes.append((op, c.count))
+        classes: dict[tuple, list] = {}
+        for c in graph.signature_classes():  # split by how each op sees the regions
+            for name in c.ops:
+                op = graph.op(name)
+                key = (c.signature, self.views.op(op), self.regions.op_region(name),
+                       self.regions.tensor_region(name), tuple(self.regions.tensor_region(i) for i in op.inputs))
+                if key in classes:
+                    classes[key][1] += op.multiplicity
+                else:
+                    classes[key] = [op, op.multiplicity]
+        for op, count in classes.values():
+            g = self.group(self.space.order(self.views.op(op)))
+            g.classes.append((op, count))
         for g in self.groups.values():
             if g.classes:
                 keys = [self.orbit_key(g.dims, a) for a in g.assignments]
@@ -117,7 +128,10 @@ class Tables:
     def _signature(self, op: Op) -> tuple:
         hit = self._sig.get(op.name)
         if hit is None:
-            hit = self._sig[op.name] = (op.signature(), self.space.order(d.name for d in op.dims))
+            view = self.space.order(self.views.op(op))
+            regs = (self.regions.op_region(op.name), self.regions.tensor_region(op.name),
+                    tuple(self.regions.tensor_region(i) for i in op.inputs))
+            hit = self._sig[op.name] = ((op.signature(), view, regs), view)
         return hit
 
     def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
@@ -125,7 +139,7 @@ class Tables:
         if hit is None:
             self.op_cost_calls += 1
             hit = self._op_cache[sig[0], key] = op_cost(op, {d: ax for d, ax in zip(dims, a) if ax},
-                                                        self.fast_mesh, self.hw)
+                                                        self.fast_mesh, self.hw, self.regions)
         return hit
 
     def op_cost(self, op: Op, dims: tuple[str, ...], a: Assignment) -> OpCost:
@@ -137,9 +151,10 @@ class Tables:
 
     # -- memory -------------------------------------------------------------------------
     def tensor_dims(self, t: Tensor) -> tuple[str, ...]:
+        """The search dims of tensor ``t`` as stored (canonical order)."""
         hit = self._tdims.get(t.name)
         if hit is None:
-            hit = self._tdims[t.name] = self.space.order(t.dim_names)
+            hit = self._tdims[t.name] = self.space.order(self.views.tensor(t.name))
         return hit
 
     def tensor_bytes(self, t: Tensor) -> np.ndarray:
@@ -149,20 +164,24 @@ class Tables:
         dims = self.tensor_dims(t)
         op = self.graph.op(t.name)
         materialised = not op.hbm or op.hbm[-1]
-        key = (tuple((d.name, d.size) for d in t.shape), t.itemsize, materialised)
+        key = (dims, tuple((d.name, d.size) for d in t.shape), t.itemsize, materialised)
         hit = self._tensor_bytes.get(key)
         if hit is None:
             g = self.group(dims)
             names = t.dim_names
-            hit = np.array([Placement.of(names, g.axes_of(i)).local_elements(self.graph.dims, self.fast_mesh)
+            base = self.space.base
+            hit = np.array([Placement.of(names, {base[d]: ax for d, ax in g.axes_of(i).items()})
+                            .local_elements(self.graph.dims, self.fast_mesh)
                             * t.itemsize if materialised else 0 for i in range(len(g.assignments))],
                            dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit
 
     def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:
-        """Index in ``dims``' group of the restriction of a full ``axes_of``."""
-        return self.group(dims).index[tuple(axes_of.get(d, ()) for d in dims)]
+        """Index in ``dims``' group of the restriction of a full ``axes_of`` (a region dim
+        without an entry has its base dim's axes, as a layout without its region rule)."""
+        base = self.space.base
+        return self.group(dims).index[tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in dims)]
 
 
 def mesh_order(mesh: Mesh, axes) -> tuple[str, ...]:

@@ -64,9 +64,10 @@ def reduced_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str
     """The axes the gradient of ``pname`` is all-reduced over, minus its own (mesh order)."""
     graph = tables.graph
     if reduce_ops is None:
-        reduce_ops, _ = gradient_walk(graph, pname, axes_of)
+        reduce_ops, _ = gradient_walk(graph, pname, axes_of, tables.regions)
     own = {a for d in graph.tensor(pname).dim_names for a in axes_of.get(d, ())}
-    covered = {a for n in reduce_ops for d in graph.op(n).reduced_dims for a in axes_of.get(d.name, ())}
+    covered = {a for n in reduce_ops for d in tables.views.compute(graph.op(n), [x.name for x in graph.op(n).reduced_dims])
+               for a in axes_of.get(d, ())}
     return mesh_order(tables.mesh, covered - own)
 
 
@@ -92,10 +93,11 @@ def touched(graph: Graph, sh: StorageShard) -> set[str]:
     return {n for n in ops if graph.op(n).kind not in ("input", "param", "opt_state")}
 
 
-def _delta_key(graph: Graph, sh: StorageShard, op, axes_of: dict) -> tuple:
+def _delta_key(tables: Tables, sh: StorageShard, op, axes_of: dict) -> tuple:
     """Everything an op's plan under a shard depends on: the axes of its own dims, the shard's
     axes/dim/stage, and which of the shard's sets the op, its inputs (and a carry's next
     value) belong to."""
+    graph = tables.graph
     sets = (sh.computed, sh.partial_ops, sh.scatter_ops, sh.stored, sh.partial)
 
     def member(t: str) -> tuple:
@@ -105,8 +107,8 @@ def _delta_key(graph: Graph, sh: StorageShard, op, axes_of: dict) -> tuple:
     if op.fn == "carry":
         nxt = next((n for lp in graph.loops.values() for c, n in lp.carries if c == op.name), None)
         extra = member(nxt) if nxt else ()
-    return (op.name, tuple(axes_of.get(d.name, ()) for d in op.dims), sh.axes, sh.dim, sh.stage, member(op.name),
-            tuple(member(i) for i in op.inputs), extra)
+    return (op.name, tuple(axes_of.get(d, ()) for d in tables.views.op(op)), sh.axes, sh.dim, sh.stage,
+            member(op.name), tuple(member(i) for i in op.inputs), extra)
 
 
 def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
@@ -114,7 +116,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     g = tables.group(dims)
     axes_of = g.axes_of(index)
-    reduce_ops, _ = gradient_walk(graph, pname, axes_of)
+    regs = tables.regions
+    reduce_ops, _ = gradient_walk(graph, pname, axes_of, regs)
     out = []
     seen: dict[tuple, tuple] = {}
     for U in candidate_axes(tables, reduced_axes(tables, pname, axes_of, reduce_ops)):
@@ -123,23 +126,23 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
             key = (tuple(sorted(axes_of.items())), U, stage)
             if key not in shards:
                 try:
-                    shards[key] = storage_shards(graph, mesh, layout, axes_of)[0][pname]
+                    shards[key] = storage_shards(graph, mesh, layout, axes_of, regs)[0][pname]
                 except LayoutError:
                     shards[key] = None  # e.g. stage 1 on a gradient path that is not linear
             sh = shards[key]
             if sh is None:
                 continue
             ops = touched(graph, sh)
-            outside = {d.name for n in ops for d in graph.op(n).dims} - set(dims) - graph.loop_dims
+            outside = {d for n in ops for d in tables.views.op(graph.op(n))} - set(dims) - graph.loop_dims
             if outside:  # option_dims covers every op a shard touches; a miss would price wrongly
                 raise RuntimeError(f"internal: storage option of {pname!r} touches dims {sorted(outside)} "
                                    f"outside its group {dims}")
-            sharded = Planner(graph, mesh, axes_of, {pname: sh})
+            sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
             dtime = 0.0
             dbytes = {}
             for name in sorted(ops, key=tables.rank.__getitem__):
                 op = graph.op(name)
-                key = _delta_key(graph, sh, op, axes_of)
+                key = _delta_key(tables, sh, op, axes_of)
                 hit = deltas.get(key)
                 if hit is None:  # the op's time with the shard minus under the rules alone
                     plan = sharded.op_plan(op)
@@ -175,24 +178,25 @@ def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
     per-layer slices (and casts), their saved stacks, or any of those tensors."""
     graph = tables.graph
     _, visited = gradient_walk(graph, pname, {})
-    dims = set(graph.tensor(pname).dim_names)
+    pdims = set(graph.tensor(pname).dim_names)
+    dims = set(pdims)
     held = set(visited) | set(opt_state_of(graph, pname)) | {pname}
     frontier = list(held)
     while frontier:  # the update region and the weight's slices, casts and stacks
         t = frontier.pop()
         for c in graph.consumers(t):
             op = graph.op(c)
-            grow = (op.kind == "elementwise" and set(op.output.dim_names) <= dims) or (
+            grow = (op.kind == "elementwise" and set(op.output.dim_names) <= pdims) or (
                 op.kind == "reshape" and op.fn in ("slice", "stack") and t != c)
             if c not in held and grow:
                 held.add(c)
                 frontier.append(c)
+    views = tables.views
     for n in held:
         op = graph.op(n)
-        if op.kind in REDUCING or op.kind == "reshape":
-            dims |= {d.name for d in op.dims}
+        dims |= set(views.op(op))
         for c in graph.consumers(n):
-            dims |= {d.name for d in graph.op(c).dims}
+            dims |= set(views.op(graph.op(c)))
     return tables.space.order(dims)
 
 
