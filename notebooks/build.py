@@ -108,7 +108,7 @@ def bring_your_own_model() -> list:
     return [
         md("# Bring your own model\n\n"
            "Any JAX function can be traced: name the axes of its arguments, and autolayout infers the names of "
-           "every other axis (DESIGN.md §3). Then search its layout, run it, and write a report."),
+           "every other axis (docs/DESIGN.md §3 in the repository). Then search its layout, run it, and write a report."),
         code(SETUP),
         md("## 1. A plain JAX model\n\nA two-layer regression network with GELU, trained with Adam. "
            "`autolayout.train_step` wraps the loss into `(params, opt_state, batch) -> (params, opt_state, loss)` "

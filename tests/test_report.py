@@ -92,7 +92,7 @@ def mlp_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "mlp"
     rep = autolayout.report(g, "rows:2,cols:4", {"data-parallel": "batch:rows,cols", "2-D": "batch:rows;hidden:cols",
                                                  "model-parallel": "hidden:cols"},
-                            hardware="tpu-v4", out=out, repeats=1, progress=False)
+                            hardware="tpu-v4", out=out, repeats=1, progress=False, scaling=True)
     return rep
 
 
