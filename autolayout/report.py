@@ -324,7 +324,7 @@ def default_intro(rep: Report) -> str:
              f"per device for `{rep.hardware.name}` ({fmt_bytes(rep.hardware.hbm_bytes)} of HBM)."]
     fits = [r for r in ranked if r.cost.fits]
     if len(fits) >= 2:
-        parts.append("Use " + why_faster(fits[0].name, fits[0].cost, fits[1].name, fits[1].cost))
+        parts.append("Fastest that fits: " + why_faster(fits[0].name, fits[0].cost, fits[1].name, fits[1].cost))
     elif fits:
         parts.append(f"Only `{fits[0].name}` fits in HBM ({fmt_time(fits[0].cost.time_s)} per step).")
     elif ranked:
@@ -431,6 +431,8 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
             page.code(r.execution.collective_diff())
 
     if rep.scaling is not None:
+        from autolayout.reporting.committed import scaling_display
+
         page.heading("Scaling (paper §8.6)")
         page.paragraph(
             f"The paper's MLP under growing meshes, predicted on `{rep.scaling.hardware.iloc[0]}`: n = k² devices "
@@ -442,7 +444,7 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
         page.image(plots.scaling_lines(rep.scaling, f"Predicted efficiency on {rep.scaling.hardware.iloc[0]} "
                                                     "(paper §8.6)"),
                    "scaling", "Predicted model-FLOPs utilisation vs devices (hollow: does not fit in HBM).")
-        page.table(rep.scaling, "scaling", "Scaling data", display=_scaling_display(rep.scaling))
+        page.table(rep.scaling, "scaling", "Scaling data", display=scaling_display(rep.scaling))
 
     page.summary = {
         "title": rep.title, "graph": rep.graph.name, "mesh": str(rep.mesh), "hardware": rep.hardware.name,
@@ -456,13 +458,6 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
         "spearman": rep.spearman if ex else None,
     }
     return page
-
-
-def _scaling_display(df: Any) -> Any:
-    out = df[["layout_family", "mesh", "batch", "d_hidden", "d_io", "efficiency", "time_ms", "fits"]].copy()
-    out["efficiency"] = [f"{e:.1%}" for e in out.efficiency]
-    out["time_ms"] = [f"{t:.3g}" for t in out.time_ms]
-    return out
 
 
 def write(rep: Report, out: str | Path, title: str | None = None, intro: str | None = None,

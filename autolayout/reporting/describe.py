@@ -130,6 +130,10 @@ def _axes(cost: Any, kind: str) -> str:
     return " / ".join(groups)
 
 
+def _n(count: int, kind: str) -> str:
+    return f"{count} {kind}{'s' * (count != 1)}"
+
+
 def _comm_diff(winner: Any, runner: Any) -> list[str]:
     """Per collective kind, what the winner moves less (or more) than the runner-up."""
     w, r = collectives_by_kind(winner), collectives_by_kind(runner)
@@ -140,11 +144,11 @@ def _comm_diff(winner: Any, runner: Any) -> list[str]:
         if abs(rt - wt) < 0.02 * max(runner.time_s, 1e-30):
             continue  # not what makes the difference
         if wn == 0:
-            rows.append(f"no {kind}s where it does {rn} ({fmt_bytes(rb)}, {fmt_time(rt)})")
+            rows.append(f"no {kind}s where the runner-up has {_n(rn, kind)} ({fmt_bytes(rb)}, {fmt_time(rt)})")
         elif rn == 0:
-            rows.append(f"{wn} {kind}s it does not ({fmt_bytes(wb)}, {fmt_time(wt)})")
+            rows.append(f"{_n(wn, kind)} the runner-up does not have ({fmt_bytes(wb)}, {fmt_time(wt)})")
         else:
-            rows.append(f"{wn} {kind}s over {_axes(winner, kind)} moving {fmt_bytes(wb)} in {fmt_time(wt)} where "
+            rows.append(f"{_n(wn, kind)} over {_axes(winner, kind)} moving {fmt_bytes(wb)} in {fmt_time(wt)} where "
                         f"the runner-up has {rn} over {_axes(runner, kind)} moving {fmt_bytes(rb)} in {fmt_time(rt)}")
     return rows[:3]
 

@@ -29,7 +29,7 @@ main{max-width:1080px;margin:0 auto;padding:24px 32px;background:#fff;box-sizing
 h1{font-size:1.7em;margin-bottom:.3em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}
 p.intro{font-size:1.05em;background:#f3f6fb;padding:12px 16px;border-left:4px solid #4C72B0}
 table{border-collapse:collapse;margin:12px 0;font-size:.84em;max-width:100%}
-th,td{border:1px solid #ddd;padding:4px 6px;text-align:right;overflow-wrap:anywhere}
+th,td{border:1px solid #ddd;padding:4px 6px;text-align:right;overflow-wrap:break-word}td.num{white-space:nowrap}
 th{background:#f0f0f0;font-weight:600;vertical-align:bottom}
 td.text,th.text{text-align:left}caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
 td span[title]{border-bottom:1px dotted #888;cursor:help}
@@ -235,10 +235,15 @@ def _html_table(df: Any, caption: str) -> str:
     return "\n".join(out)
 
 
+def _breakable(text: str) -> str:
+    """Escaped text with line-break opportunities after ``;`` ``,`` ``|`` ``/`` (layouts, meshes)."""
+    return re.sub(r"([;,|/])(?=\S)", r"\1<wbr>", html.escape(text))
+
+
 def _html_cell(v: Any) -> str:
     if isinstance(v, Cell) and v.title and v.title != v.text:
-        return f'<span title="{html.escape(v.title)}">{html.escape(v.text)}</span>'
-    return html.escape(_cell(v))
+        return f'<span title="{html.escape(v.title)}">{_breakable(v.text)}</span>'
+    return _breakable(_cell(v))
 
 
 def _md_table(df: Any) -> str:

@@ -204,6 +204,10 @@ def lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], xlabel: st
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     else:
         ax.set_ylim(bottom=0)
     if xticks is not None:
@@ -225,8 +229,12 @@ def paper_bars(names: Sequence[str], ours: Sequence[float], paper: Sequence[floa
     ax = fig.add_subplot()
     x = list(range(len(names)))
     w = 0.38
-    ax.bar([i - w / 2 for i in x], ours, w, color=COMPUTE, label="autolayout (predicted)")
-    ax.bar([i + w / 2 for i in x], [p if p == p else 0 for p in paper], w, color=COMM, label="paper")
+    top = max([abs(v) for v in list(ours) + list(paper) if v == v] or [0.0])
+    scale, word = next(((s, w_) for s, w_ in ((1e9, "billions"), (1e6, "millions"), (1e3, "thousands"))
+                        if top >= 10 * s and not log), (1.0, ""))
+    ax.bar([i - w / 2 for i in x], [v / scale for v in ours], w, color=COMPUTE, label="autolayout (predicted)")
+    ax.bar([i + w / 2 for i in x], [p / scale if p == p else 0 for p in paper], w, color=COMM, label="paper")
+    ylabel = f"{ylabel} ({word})" if word else ylabel
     ax.set_xticks(x, names, fontsize=8, rotation=12 if max(len(n) for n in names) > 12 else 0)
     if log and all(v > 0 for v in list(ours) + [p for p in paper if p == p]):
         ax.set_yscale("log")
