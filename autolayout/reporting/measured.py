@@ -93,7 +93,8 @@ def search_scaling_report(out: Path, hardware: str = "tpu-v4", depths: tuple[int
     page = Page("Search scaling: CP-SAT time vs model depth and mesh size", intro, command=COMMAND)
     page.heading("Search time")
     series = {mesh: (list(part.layers), list(part.solve_s)) for mesh, part in solved.groupby("mesh", sort=False)}
-    page.image(plots.lines(series, "layers", "search time (s)", "Search time vs depth, per mesh", logx=True),
+    page.image(plots.lines(series, "layers", "search time (s)", "Search time vs depth, per mesh", logx=True,
+                           xticks=sorted(depths)),
                "time_vs_depth", "Wall time of autolayout.search (tables, CP-SAT, validation) vs number of layers; a "
                                 "mesh has no point at depths where no layout fits in HBM.")
     # the smallest depth: every mesh has a layout that fits there (the size does not depend on depth)
