@@ -74,3 +74,16 @@ def test_demo_sizes_are_the_zoo_defaults():
     from autolayout.reporting.model_spec import model_options_help
     shown = model_options_help(models.transformer_lm, ZOO_DEFAULTS["transformer_lm"])
     assert f"--d-model={sig['d_model'].default}" in shown and f"--n-layers={sig['n_layers'].default}" in shown
+
+
+def test_compile_cache_can_be_turned_off_and_respects_the_users_choice(monkeypatch):
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.setenv("AUTOLAYOUT_CACHE", "0")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert demo.compile_cache_dir() is None
+    monkeypatch.setenv("AUTOLAYOUT_CACHE", "1")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/of/theirs")
+    assert demo.compile_cache_dir() == "/somewhere/of/theirs"
+    assert jax.config.jax_compilation_cache_dir == before  # left alone in both cases
