@@ -126,7 +126,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     import importlib
 
     demo = importlib.import_module("autolayout.demo")  # through sys.modules, so tests can stand one in
-    result = demo.run(out=None if args.no_report else (args.out or demo.fresh_report_dir()), execute=not args.no_execute,
+    result = demo.run(out=None if args.no_report else args.out, report=not args.no_report, execute=not args.no_execute,
                       hardware=args.hardware, repeats=args.repeats, progress=not args.quiet,
                       calibrate=not args.no_calibrate)
     return result if isinstance(result, int) else 0

@@ -386,15 +386,16 @@ SECTIONS: list[Callable[[Demo], None]] = [section_trace, section_signatures, sec
                                           section_search, section_execute, section_validate, section_report]
 
 
-def run(sizes: dict[str, int] | None = None, *, out: str | None = None, execute: bool = True,
+def run(sizes: dict[str, int] | None = None, *, out: str | None = None, report: bool = False, execute: bool = True,
         hardware: Any = None, repeats: int = 3, progress: bool = True, mesh: str = MESH,
         calibrate: bool = True) -> int:
     """Run every section in order; returns the exit code (0).
 
     Args:
         sizes: ``transformer_lm`` sizes (default: the zoo's defaults, :data:`SIZES`).
-        out: write the report there (``autolayout demo`` passes a :func:`fresh_report_dir`);
-            ``None``: no report.
+        out: write the report there.
+        report: write a report even without ``out``: to a :func:`fresh_report_dir` (what
+            ``autolayout demo`` does). With neither, no report is written.
         execute: ``False`` stops after the search (nothing is compiled or run).
         hardware: the target profile to predict and search for (default: the local
             devices' profile); the layouts still run, and are checked, on the local devices.
@@ -404,6 +405,8 @@ def run(sizes: dict[str, int] | None = None, *, out: str | None = None, execute:
     The last line printed says where the report is.
     """
     t0 = time.perf_counter()
+    if out is None and report:
+        out = fresh_report_dir()
     demo = Demo(dict(sizes or SIZES), mesh=mesh, hardware=hardware, execute=execute, repeats=repeats,
                 progress=progress, out=out, calibrate=calibrate)
     print("autolayout demo: how should each tensor dimension be split across a mesh?")
@@ -422,4 +425,4 @@ def _wrap(text: str, width: int = WIDTH - 2) -> list[str]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(out=fresh_report_dir()))
+    raise SystemExit(run(report=True))

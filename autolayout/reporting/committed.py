@@ -77,11 +77,12 @@ def table1_report(out: Path, hardware: str = "tpu-v3") -> Page:
         f"while data-parallel falls to {dp.efficiency.iloc[-1]:.0%}.")
     page = Page("Mesh-TensorFlow Table 1, reproduced by the cost model", intro, command=COMMAND)
     page.heading("Table 1 beside our predictions")
-    page.paragraph("`comp_flops`: predicted matmul FLOPs per device (the paper's Computation column is `paper_comp`); "
-                   "`allreduced_values`: operand elements of every all-reduce per device per step, beside the exact "
-                   "count of the §8 text (`paper_text`) and the table's Communication column (`paper_comm`); "
-                   "`param_values`: parameter values per device; `paper_memory`: the table's Memory/Processor "
-                   f"(activations and parameters); time and memory predicted on `{hardware}`.")
+    page.paragraph("*Matmul FLOPs / device*: predicted (the paper's Computation column is *paper: comp.*, "
+                   "*ratio* between them); *values all-reduced*: operand elements of every all-reduce per device "
+                   "per step, beside the exact count of the §8 text and the table's Communication column (*paper: "
+                   "comm.*); *param values*: parameter values per device beside the table's Memory/Processor "
+                   f"(activations and parameters); step time and memory predicted on `{hardware}`. `table1.csv` "
+                   "has the exact numbers.")
     names = [x if x not in ("[]", "") else "(replicated)" for x in df.layout]
     disp = pd.DataFrame({
         "layout": names, "mesh": df.mesh, "matmul FLOPs / device": [f"{v:.3g}" for v in df.comp_flops],

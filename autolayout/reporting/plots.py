@@ -231,7 +231,7 @@ def paper_bars(names: Sequence[str], ours: Sequence[float], paper: Sequence[floa
     w = 0.38
     top = max([abs(v) for v in list(ours) + list(paper) if v == v] or [0.0])
     scale, word = next(((s, w_) for s, w_ in ((1e9, "billions"), (1e6, "millions"), (1e3, "thousands"))
-                        if top >= 10 * s and not log), (1.0, ""))
+                        if top >= s and not log), (1.0, ""))
     ax.bar([i - w / 2 for i in x], [v / scale for v in ours], w, color=COMPUTE, label="autolayout (predicted)")
     ax.bar([i + w / 2 for i in x], [p / scale if p == p else 0 for p in paper], w, color=COMM, label="paper")
     ylabel = f"{ylabel} ({word})" if word else ylabel
