@@ -33,8 +33,9 @@ def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = 
     gradient; the loss is ``sum(y * dy)`` for a given cotangent ``dy[batch, io]``
     — the paper's accounting for Table 1. SGD updates ``w``, ``bias``, ``v``.
     The hidden activation is named ``h`` (``checkpoint_name``). The default sizes (every
-    zoo model has them; ``autolayout search mlp --help`` shows them) are CPU-friendly:
-    the step traces in about a second and runs on 8 virtual CPU devices in seconds.
+    zoo model has them; ``autolayout search mlp --help`` shows them) are CPU-friendly —
+    the step traces in about a second and runs on 8 virtual CPU devices in seconds — and
+    divisible by meshes of up to 8 devices.
 
     Example::
 

@@ -25,9 +25,9 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 __all__ = ["ZOO_DEFAULTS", "ModelSpec", "resolve_model", "model_options_help", "ModelError"]
