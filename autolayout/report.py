@@ -310,6 +310,16 @@ def _display_table(rep: Report) -> Any:
     return df
 
 
+def _noise_note(executed: list[LayoutResult]) -> str:
+    """How much the timed runs of one layout differ: differences below that are noise."""
+    spreads = [r.execution.step_time_spread_s / r.execution.step_time_s for r in executed
+               if r.execution.step_time_s > 0 and len(r.execution.step_times_s) > 1]
+    if not spreads:
+        return ""
+    return (f" The timed runs of one layout differ by up to {max(spreads):.0%} of its median (slowest minus "
+            "fastest): measured differences smaller than that are noise, and so is the order they give.")
+
+
 def _ranked(rep: Report) -> list[LayoutResult]:
     return sorted((r for r in rep.results if r.cost is not None), key=lambda r: r.cost.time_s)
 
@@ -418,6 +428,7 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
             f"{'n/a (fewer than 3 layouts)' if rho != rho else f'{rho:.2f}'}."
             + (f" The `{rep.hardware.name}` predictions of the table above are for another machine and are not "
                "part of this comparison." if local else "")
+            + _noise_note(ex)
             + (" On virtual CPU devices that share a few cores, absolute times validate the pipeline and a "
                "calibrated CPU profile, not an accelerator's speed." if rep.platform == "CPU" else ""))
         page.image(plots.scatter([r.local_predicted_s for r in ex], [r.measured_s for r in ex],
