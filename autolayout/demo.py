@@ -249,9 +249,12 @@ def section_search(demo: Demo) -> None:
         from autolayout.reporting.describe import why_faster
         for line in _wrap("why: " + why_faster("searched", r.cost, best_named[0], best_named[1]).replace("`", "")):
             print("  " + line)
-    if r.layout.update_sharding:
-        print(f"  weight-update sharding (seed 003): {len(r.layout.update_sharding)} parameters update a shard "
-              "(reduce-scatter gradient, update 1/N, all-gather)")
+    stages = Counter(stage for _, _, stage in getattr(r.layout, "storage", ()))
+    what = {1: "update a shard (weight-update sharding, seed 003: reduce-scatter the gradient, update 1/N, "
+               "all-gather)",
+            2: "also keep their gradients sharded (ZeRO-2)", 3: "are stored sharded and gathered per use (ZeRO-3)"}
+    for stage, n in sorted(stages.items()):
+        print(f"  storage sharding: {n} {'entry' if n == 1 else 'entries'} {what.get(stage, f'at stage {stage}')}")
 
 
 def _layouts_to_run(demo: Demo) -> list[tuple[str, Any]]:
