@@ -126,7 +126,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     import importlib
 
     demo = importlib.import_module("autolayout.demo")  # through sys.modules, so tests can stand one in
-    result = demo.run(out=None if args.no_report else args.out, execute=not args.no_execute,
+    result = demo.run(out=None if args.no_report else args.out, report=not args.no_report, execute=not args.no_execute,
                       hardware=args.hardware, repeats=args.repeats, progress=not args.quiet,
                       calibrate=not args.no_calibrate)
     return result if isinstance(result, int) else 0
@@ -225,7 +225,7 @@ def _run_report(args: argparse.Namespace) -> int:
     g = _graph(args)
     out = args.out or f"reports/{g.name}"
     rep = report(g, args.mesh, args.layouts or [], hardware=args.hardware, execute=not args.no_execute,
-                 search=not args.no_search, out=out, title=args.title, scaling=not args.no_scaling,
+                 search=not args.no_search, out=out, title=args.title, scaling=args.scaling,
                  measure_hardware=args.measure_hardware, repeats=args.repeats, progress=not args.quiet)
     data = {"path": str(rep.path), "index": str(rep.path / "index.html"),
             "layouts": rep.table().to_dict(orient="records"), "spearman": rep.spearman if rep.executed else None}
@@ -326,11 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "demo", "run the end-to-end demo: trace, predict, search, execute on 8 devices, report",
              "autolayout demo\nautolayout demo --no-execute\nautolayout demo --hardware tpu-v4 --out /tmp/demo")
-    p.add_argument("--out", default="reports/demo", help="report directory (default: reports/demo)")
+    p.add_argument("--out", default=None,
+                   help="report directory (default: a new autolayout-demo-* directory in the system's temp folder)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
     p.add_argument("--no-execute", action="store_true", help="predict and search only")
     p.add_argument("--hardware", type=HARDWARE, default=None,
-                   help="profile to predict with (default: measured on the local CPU devices)")
+                   help="target profile to predict and search for, shown beside the local measurements "
+                        "(default: the local devices' profile)")
     p.add_argument("--no-calibrate", action="store_true",
                    help="use the built-in profile of the local devices instead of measuring one")
     p.add_argument("--repeats", type=POSITIVE, default=3, help="timed runs per layout (default 3)")
@@ -390,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default=None, help="report title")
     p.add_argument("--no-execute", action="store_true", help="do not run the layouts")
     p.add_argument("--no-search", action="store_true", help="do not run the search")
-    p.add_argument("--no-scaling", action="store_true", help="leave out the §8.6 scaling chart")
+    p.add_argument("--scaling", action="store_true", help="add the paper's §8.6 MLP scaling chart (not about MODEL)")
+    p.add_argument("--no-scaling", action="store_false", dest="scaling", help=argparse.SUPPRESS)  # the default
     p.add_argument("--repeats", type=POSITIVE, default=3, help="timed runs per layout (default 3)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print JSON")

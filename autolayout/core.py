@@ -1,6 +1,6 @@
 """Core value types: Dim, Mesh, Layout.
 
-These are the words every other module speaks (DESIGN.md section 1): a tensor
+These are the words every other module speaks (docs/DESIGN.md §1): a tensor
 has named dimensions (:class:`Dim`), the processors form a :class:`Mesh` with
 named axes, and a :class:`Layout` maps dimension names to mesh axes.
 """

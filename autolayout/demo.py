@@ -2,12 +2,23 @@
 
 Each section is a function that takes the :class:`Demo` state, prints its part and
 may add to the state; :data:`SECTIONS` lists them in order, so a new stage is one
-function and one entry. Sizes are CPU-friendly: tracing, prediction and search take
-seconds; executing four layouts on 8 virtual CPU devices (compiling each program) takes
-most of the demo's time, about a minute on two cores.
+function and one entry. Sizes are the zoo's defaults (``models.transformer_lm()``):
+tracing, prediction and search take seconds; executing four layouts on 8 virtual CPU
+devices (compiling each program) takes most of the demo's time, about 20 s on two
+quiet cores (``benchmarks/demo_time.py`` measures it; ``--no-execute`` skips it).
+
+Two hardware profiles are kept apart: the *target* (``--hardware``, default the local
+devices) that predictions and the search are for, and the *local* profile of the devices
+the layouts run on here (measured by ``autolayout.calibrate`` on CPUs). Measurements are
+ranked only against local predictions; target predictions are shown beside them.
+
+The report goes to a fresh directory outside the repository (``fresh_report_dir``),
+named in the demo's last line; ``autolayout report --all`` regenerates the committed
+``reports/demo``.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -16,9 +27,14 @@ from typing import Any, Callable
 from autolayout.graph import Graph, SignatureClass
 from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman, text_table
 
-# The built-in transformer (autolayout.models.transformer_lm) at a size a laptop traces
-# and runs in well under a second.
-SIZES = dict(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=256, batch=16, length=32)
+
+def _zoo_sizes() -> dict[str, int]:
+    """The built-in transformer's default sizes (``autolayout.models.transformer_lm()``)."""
+    from autolayout.reporting.model_spec import ZOO_DEFAULTS
+    return dict(ZOO_DEFAULTS["transformer_lm"])
+
+
+SIZES = _zoo_sizes()
 MESH = "rows:2,cols:4"
 # The named layouts of the paper (§8, §9) on a 2-D mesh, beside the search's choice.
 NAMED = [
@@ -29,6 +45,43 @@ NAMED = [
 WIDTH = 78
 
 
+def compile_cache_dir() -> str | None:
+    """Turn on jax's persistent compilation cache for the demo's programs, unless the user
+    chose a cache (``JAX_COMPILATION_CACHE_DIR``) or turned it off (``AUTOLAYOUT_CACHE=0``).
+
+    The cache lives in the user's cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then
+    ``autolayout/jax``), never in the repository: a second ``autolayout demo`` on the same
+    machine skips compiling the programs it already compiled. Returns the directory, or
+    ``None`` when the demo leaves jax's setting alone.
+    """
+    import os
+    from pathlib import Path
+
+    if os.environ.get("AUTOLAYOUT_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = base / "autolayout" / "jax"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # no writable cache folder: compile every time, as without a cache
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # the demo's programs compile in about a second each: cache them all (jax's default skips
+    # programs that compile in under a second)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return str(path)
+
+
+def fresh_report_dir() -> str:
+    """A new, empty directory for the demo's report in the system's temp folder (never in
+    the repository, so a first run leaves ``git status`` clean)."""
+    return tempfile.mkdtemp(prefix="autolayout-demo-")
+
+
 @dataclass
 class Demo:
     """What the sections share: options, the traced graph, and anything later sections add."""
@@ -37,12 +90,18 @@ class Demo:
     graph: Graph | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     mesh: str = MESH
-    hardware: Any = None   # profile predictions use; None: the local devices' profile
+    hardware: Any = None   # target profile of predictions and search; None: the local devices' profile
+    local: Any = None      # profile of the local devices the layouts run on (set by section_calibrate)
     execute: bool = True
     repeats: int = 3
     progress: bool = True
     out: str | None = None  # report directory; None: no report
-    calibrate: bool = True  # measure a profile on CPU devices when no hardware is given
+    calibrate: bool = True  # measure a profile on CPU devices rather than using the built-in one
+
+    @property
+    def other_target(self) -> bool:
+        """Whether predictions are for hardware other than the local devices."""
+        return self.local is not None and self.hardware is not None and self.hardware.name != self.local.name
 
 
 def header(title: str) -> None:
@@ -64,7 +123,8 @@ def section_trace(demo: Demo) -> None:
     args = ", ".join(f"{k}={v}" for k, v in demo.sizes.items())
     t0 = time.perf_counter()
     demo.graph = models.transformer_lm(**demo.sizes)
-    print(f"  models.transformer_lm({args})")
+    print(f"  models.transformer_lm({'' if demo.sizes == SIZES else args})"
+          + (f"    # the zoo's default sizes: {args}" if demo.sizes == SIZES else ""))
     print(f"  traced in {time.perf_counter() - t0:.2f} s (jax.ShapeDtypeStruct arguments, Adam)")
     print()
     for line in demo.graph.summary().splitlines():
@@ -107,7 +167,7 @@ def _einsum_text(g: Graph, c: SignatureClass) -> str:
 
 
 def section_calibrate(demo: Demo) -> None:
-    """Find the devices and the hardware profile: measured on this machine unless one was given."""
+    """The local devices and their profile (measured on CPUs), and the target profile."""
     from autolayout.core import Mesh
     from autolayout.costmodel.hardware import get_hardware
     from autolayout.reporting.devices import devices_for, platform_hardware
@@ -118,32 +178,38 @@ def section_calibrate(demo: Demo) -> None:
     header("3. Calibrate: a hardware profile for the cost model")
     if demo.hardware is not None:
         demo.hardware = get_hardware(demo.hardware)
-        print(f"  using the {demo.hardware.name} profile (--hardware)")
-        return
+        print(f"  target: the built-in {demo.hardware.name} profile (--hardware): predictions and the search are "
+              "for it")
     builtin = platform_hardware(devices or [])
+    if not demo.execute and demo.hardware is not None:
+        return  # nothing runs here: no local profile needed
     if not demo.calibrate or devices is None or builtin.name != "cpu":
-        demo.hardware = builtin
-        print(f"  using the built-in {builtin.name} profile")
-        return
-    try:
-        from autolayout.reporting.devices import calibrated
-        t0 = time.perf_counter()
-        hw, why = calibrated(mesh, devices, quick=True)
-    except (ImportError, NotImplementedError, ValueError) as exc:
-        demo.hardware = builtin
-        print(f"  calibration unavailable ({type(exc).__name__}: {exc}); using the built-in cpu placeholder")
-        return
-    demo.hardware = hw
-    if why:
-        print(f"  {why}")
-        return
-    print(f"  measured on {len(devices)} {devices[0].platform.upper()} devices in {time.perf_counter() - t0:.1f} s "
-          "(autolayout.calibrate, quick): all devices at once, so each gets its share of the cores")
-    rows = [("matmul", f"{hw.peak('float32') / 1e9:.3g} GFLOP/s per device"),
-            ("memory bandwidth", f"{hw.hbm_bandwidth / 1e9:.3g} GB/s per device")]
-    rows += [(f"axis {a}", f"{l.bandwidth / 1e9:.3g} GB/s, latency {l.latency * 1e6:.3g} us per step")
-             for a, l in hw.axis_links]
-    table(rows, ("", "measured"), "<<")
+        demo.local = builtin
+        print(f"  local devices: the built-in {builtin.name} profile")
+    else:
+        try:
+            from autolayout.reporting.devices import calibrated
+            t0 = time.perf_counter()
+            hw, why = calibrated(mesh, devices, quick=True)
+        except (ImportError, NotImplementedError, ValueError) as exc:
+            hw, why = builtin, f"calibration unavailable ({type(exc).__name__}: {exc}); using the built-in cpu placeholder"
+        demo.local = hw
+        if why:
+            print(f"  {why}")
+        else:
+            print(f"  local devices: measured on {len(devices)} {devices[0].platform.upper()} devices in "
+                  f"{time.perf_counter() - t0:.1f} s (autolayout.calibrate, quick): all devices at once, so each "
+                  "gets its share of the cores")
+            rows = [("matmul", f"{hw.peak('float32') / 1e9:.3g} GFLOP/s per device"),
+                    ("memory bandwidth", f"{hw.hbm_bandwidth / 1e9:.3g} GB/s per device")]
+            rows += [(f"axis {a}", f"{l.bandwidth / 1e9:.3g} GB/s, latency {l.latency * 1e6:.3g} us per step")
+                     for a, l in hw.axis_links]
+            table(rows, ("", "measured"), "<<")
+    if demo.hardware is None:
+        demo.hardware = demo.local
+    elif demo.other_target:
+        print(f"  predictions below are for {demo.hardware.name}; the layouts then run here and are checked "
+              f"against {demo.local.name} predictions, not against {demo.hardware.name}'s")
 
 
 def section_predict(demo: Demo) -> None:
@@ -178,11 +244,17 @@ def section_search(demo: Demo) -> None:
     print(f"  layout: {short_layout(r.layout, 120)}")
     best_named = min(((n, c) for n, c in demo.extras["costs"].items()), key=lambda nc: nc[1].time_s)
     print(f"  predicted {fmt_time(r.cost.time_s)} per step (compute {fmt_time(r.cost.compute_s)}, comm "
-          f"{fmt_time(r.cost.comm_s)}), memory {fmt_bytes(r.cost.memory_bytes)}/device; best named layout "
-          f"({best_named[0]}) {fmt_time(best_named[1].time_s)}")
-    if r.layout.update_sharding:
-        print(f"  weight-update sharding (seed 003): {len(r.layout.update_sharding)} parameters update a shard "
-              "(reduce-scatter gradient, update 1/N, all-gather)")
+          f"{fmt_time(r.cost.comm_s)}), memory {fmt_bytes(r.cost.memory_bytes)}/device on {demo.hardware.name}")
+    if r.cost.time_s < best_named[1].time_s:
+        from autolayout.reporting.describe import why_faster
+        for line in _wrap("why: " + why_faster("searched", r.cost, best_named[0], best_named[1]).replace("`", "")):
+            print("  " + line)
+    stages = Counter(stage for _, _, stage in getattr(r.layout, "storage", ()))
+    what = {1: "update a shard (weight-update sharding, seed 003: reduce-scatter the gradient, update 1/N, "
+               "all-gather)",
+            2: "also keep their gradients sharded (ZeRO-2)", 3: "are stored sharded and gathered per use (ZeRO-3)"}
+    for stage, n in sorted(stages.items()):
+        print(f"  storage sharding: {n} {'entry' if n == 1 else 'entries'} {what.get(stage, f'at stage {stage}')}")
 
 
 def _layouts_to_run(demo: Demo) -> list[tuple[str, Any]]:
@@ -223,6 +295,9 @@ def section_execute(demo: Demo) -> None:
     todo = _layouts_to_run(demo)
     print(f"  {len(todo)} layouts on {len(devices)} {devices[0].platform.upper()} devices: compile, run once, "
           f"time {demo.repeats} runs, compare with the unsharded reference")
+    cache = compile_cache_dir()
+    if cache:
+        print(f"  compiled programs are cached in {cache}: a second run skips compiling them")
     results = []
     t0 = time.perf_counter()
     with Progress(len(todo), "executing", enabled=demo.progress) as bar:
@@ -230,7 +305,7 @@ def section_execute(demo: Demo) -> None:
             bar.start(name)
             res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
             try:
-                res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.hardware, repeats=demo.repeats,
+                res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
                                         devices=devices)
                 bar.advance(f"{res.execution.step_time_s * 1e3:.1f} ms")
             except (ValueError, NotImplementedError) as exc:
@@ -246,23 +321,29 @@ def section_validate(demo: Demo) -> None:
     results = demo.extras.get("results")
     if not results:
         return
-    header("7. Validate: predicted vs measured (per device, one training step)")
+    local = demo.local.name
+    header("7. Validate: predicted vs measured here (per device, one training step)")
     rows = []
     for r in results:
-        c, ex = r.cost, r.execution
+        ex = r.execution
+        target = (fmt_time(r.cost.time_s),) if demo.other_target else ()
         if ex is None:
-            rows.append((r.name, fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_bytes(c.memory_bytes),
-                         fmt_time(c.time_s), "", "", r.error[:40]))
+            rows.append((r.name, *target, "", "", "", "", r.error[:40]))
             continue
-        rows.append((r.name, fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_bytes(c.memory_bytes), fmt_time(c.time_s),
+        p = ex.predicted
+        rows.append((r.name, *target, f"{fmt_time(p.compute_s)} + {fmt_time(p.comm_s)}", fmt_time(p.time_s),
                      fmt_time(ex.step_time_s), f"{ex.max_abs_error:.1e}",
                      f"{'match' if ex.collectives_match else 'MISMATCH'} ({len(ex.compiled_collectives)})"))
-    table(rows, ("layout", "compute", "comm", "memory", "predicted", "measured", "max err", "collectives"),
-          "<>>>>>><")
+    head = ("layout", *((f"{demo.hardware.name} pred.",) if demo.other_target else ()),
+            "compute + comm", f"predicted ({local})", "measured", "max err", "collectives")
+    table(rows, head, "<" + ">" * (len(head) - 2) + "<")
     ran = [r for r in results if r.execution is not None]
     rho = spearman([r.execution.predicted.time_s for r in ran], [r.execution.step_time_s for r in ran])
     matched = sum(bool(r.execution.collectives_match) for r in ran)
     print()
+    if demo.other_target:
+        print(f"  ({demo.hardware.name} pred.: the prediction for the target, another machine; shown beside, "
+              "never ranked against these measurements)")
     worst = max((r.execution.max_rel_error for r in ran), default=float("nan"))
     err = max((r.execution.max_abs_error for r in ran), default=float("nan"))
     verdict = "every layout computes the same numbers as the unsharded step" if worst <= 1e-4 else \
@@ -270,7 +351,11 @@ def section_validate(demo: Demo) -> None:
     print(f"  outputs: {verdict} (max abs error {err:.1e}, relative {worst:.1e})")
     print(f"  collectives: {matched} of {len(ran)} compiled programs have exactly the predicted "
           "all-reduces/all-gathers/... (kind, bytes, group)")
-    print(f"  ranking: Spearman rho(predicted, measured) = {'n/a' if rho != rho else f'{rho:.2f}'} over {len(ran)} layouts")
+    print(f"  ranking: Spearman rho(predicted for these devices, measured) = "
+          f"{'n/a' if rho != rho else f'{rho:.2f}'} over {len(ran)} layouts")
+    if demo.local.name.startswith("calibrated") or demo.local.name == "cpu":
+        print(f"  (8 virtual devices share this machine's cores: the times check the pipeline and the "
+              f"{local} profile, not an accelerator's speed)")
     for r in ran:
         if not r.execution.collectives_match:
             print(f"\n  {r.name}: predicted vs compiled collectives differ:")
@@ -284,7 +369,6 @@ def section_report(demo: Demo) -> None:
         return
     from autolayout.core import Mesh
     from autolayout.report import LayoutResult, Report, write
-    from autolayout.reporting.paper import mlp_scaling
 
     header("8. Report")
     results = demo.extras.get("results")
@@ -294,36 +378,54 @@ def section_report(demo: Demo) -> None:
                    for n, lay in _layouts_to_run(demo)]
     devices = demo.extras.get("devices") or []
     rep = Report(graph=demo.graph, mesh=Mesh.parse(demo.mesh), hardware=demo.hardware, results=results,
-                 search=demo.extras.get("search"), measure_hardware=demo.hardware,
-                 platform=devices[0].platform.upper() if devices else "", scaling=mlp_scaling("tpu-v3"))
+                 search=demo.extras.get("search"), measure_hardware=demo.local,
+                 platform=devices[0].platform.upper() if devices else "")
     write(rep, demo.out, title="autolayout demo: a small transformer on a 2x4 mesh", command="autolayout demo")
-    print(f"  wrote {rep.path / 'index.html'} (self-contained) and {rep.path / 'report.md'}")
+    demo.extras["report"] = rep.path / "index.html"
+    print(f"  wrote {rep.path / 'index.html'} (self-contained), {rep.path / 'report.md'}, PNG charts and CSV tables")
 
 
 SECTIONS: list[Callable[[Demo], None]] = [section_trace, section_signatures, section_calibrate, section_predict,
                                           section_search, section_execute, section_validate, section_report]
 
 
-def run(sizes: dict[str, int] | None = None, *, out: str | None = None, execute: bool = True,
+def run(sizes: dict[str, int] | None = None, *, out: str | None = None, report: bool = False, execute: bool = True,
         hardware: Any = None, repeats: int = 3, progress: bool = True, mesh: str = MESH,
         calibrate: bool = True) -> int:
     """Run every section in order; returns the exit code (0).
 
-    ``out``: write the report there (``autolayout demo`` uses ``reports/demo``);
-    ``execute=False`` stops after the search; ``hardware``: the profile to predict with
-    (default: measured on the local CPU devices with ``autolayout.calibrate`` when
-    ``calibrate``, else their built-in profile).
+    Args:
+        sizes: ``transformer_lm`` sizes (default: the zoo's defaults, :data:`SIZES`).
+        out: write the report there.
+        report: write a report even without ``out``: to a :func:`fresh_report_dir` (what
+            ``autolayout demo`` does). With neither, no report is written.
+        execute: ``False`` stops after the search (nothing is compiled or run).
+        hardware: the target profile to predict and search for (default: the local
+            devices' profile); the layouts still run, and are checked, on the local devices.
+        calibrate: measure the local CPU devices' profile (``autolayout.calibrate``) rather
+            than use the built-in ``cpu`` placeholder.
+
+    The last line printed says where the report is.
     """
     t0 = time.perf_counter()
+    if out is None and report:
+        out = fresh_report_dir()
     demo = Demo(dict(sizes or SIZES), mesh=mesh, hardware=hardware, execute=execute, repeats=repeats,
                 progress=progress, out=out, calibrate=calibrate)
     print("autolayout demo: how should each tensor dimension be split across a mesh?")
     for section in SECTIONS:
         section(demo)
     print()
-    print(f"demo finished in {time.perf_counter() - t0:.1f} s")
+    where = demo.extras.get("report")
+    print(f"demo finished in {time.perf_counter() - t0:.1f} s; "
+          + (f"report: {where} (open it in a browser)" if where else "no report written"))
     return 0
 
 
+def _wrap(text: str, width: int = WIDTH - 2) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width, subsequent_indent="  ")
+
+
 if __name__ == "__main__":
-    raise SystemExit(run(out="reports/demo"))
+    raise SystemExit(run(report=True))

@@ -25,14 +25,17 @@ def _sds(shape: tuple, dtype: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- mlp
-def mlp(batch: int, d_io: int, d_hidden: int, train: bool = True, dtype: Any = "float32",
+def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = True, dtype: Any = "float32",
         learning_rate: float = 0.1) -> Graph:
     """The paper's §8 example ``y = relu(x·w + bias)·v`` (dims ``batch``, ``io``, ``hidden``).
 
     ``x`` comes from earlier layers, so the training step also returns its
     gradient; the loss is ``sum(y * dy)`` for a given cotangent ``dy[batch, io]``
     — the paper's accounting for Table 1. SGD updates ``w``, ``bias``, ``v``.
-    The hidden activation is named ``h`` (``checkpoint_name``).
+    The hidden activation is named ``h`` (``checkpoint_name``). The default sizes (every
+    zoo model has them; ``autolayout search mlp --help`` shows them) are CPU-friendly —
+    the step traces in about a second and runs on 8 virtual CPU devices in seconds — and
+    divisible by meshes of up to 8 devices.
 
     Example::
 
@@ -82,8 +85,8 @@ def jax_rsqrt(x: Any) -> Any:
     return jax.lax.rsqrt(x)
 
 
-def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: int, vocab: int,
-                   batch: int, length: int, train: bool = True, dtype: Any = "float32",
+def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: int = 16, n_layers: int = 2,
+                   vocab: int = 256, batch: int = 16, length: int = 32, train: bool = True, dtype: Any = "float32",
                    optimizer: str = "adam", learning_rate: float = 1e-3, remat: bool = False) -> Graph:
     """The paper's §9 decoder-only language model, one training step with Adam.
 
@@ -95,6 +98,8 @@ def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: 
     layer in ``jax.checkpoint`` (activation rematerialisation, as GPT-3-scale training
     does): the backward pass recomputes the layer, which the traced graph contains
     explicitly, so the cost model sees both the extra compute and the smaller memory.
+    The default sizes are a small model this machine runs in seconds (``transformer_lm()``);
+    the paper's §9 model is ``d_model=1024, d_ff=262144, heads=256, d_kv=256, n_layers=6``.
 
     Example::
 
@@ -163,7 +168,8 @@ def transformer_lm(*, d_model: int, d_ff: int, heads: int, d_kv: int, n_layers: 
 
 
 # --------------------------------------------------------------------------- moe
-def moe(*, d_model: int, d_ff: int, experts: int, capacity: int, batch: int, length: int,
+def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int = 8, batch: int = 8,
+        length: int = 32,
         train: bool = True, dtype: Any = "float32", learning_rate: float = 0.1) -> Graph:
     """A sparsely-gated top-1 mixture-of-experts feed-forward layer (Shazeer et al. 2017,
     as Mesh-TensorFlow's ``moe`` layer writes it) with einsum dispatch and combine.

@@ -10,9 +10,16 @@ base64), ``report.md``, the PNGs, CSV tables and ``summary.json``:
 * a stacked bar chart of compute vs communication per layout, and memory per device
   against the HBM line;
 * the search's result (status, objective, bound, gap, solve time);
-* predicted vs measured step time with its Spearman rank correlation (when executed);
-* the paper's §8.6 scaling chart: predicted efficiency vs mesh size of the MLP's
-  data-parallel, model-parallel and 2-D layouts.
+* predicted vs measured step time with its Spearman rank correlation (when executed):
+  measurements on the local devices are ranked only against predictions priced for those
+  devices; predictions for the target hardware sit beside them, labelled, never ranked
+  against them;
+* on request (``scaling=True``), the paper's §8.6 scaling chart of its MLP (not about
+  ``graph``).
+
+By default :func:`report` also runs the search (its layout is added as ``searched``) and
+executes every layout on the local devices; ``search=False`` and ``execute=False`` turn
+those off.
 
 The module is callable: ``autolayout.report(...)`` is :func:`report`. ``python -m
 autolayout.report --all`` regenerates the committed reports under ``reports/``
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman
+from autolayout.reporting.page import Cell
 
 __all__ = ["report", "Report", "LayoutResult", "collect", "write", "named_layouts"]
 
@@ -139,7 +147,7 @@ def named_layouts(layouts: Any) -> list[tuple[str, Any]]:
 
 
 def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
-            search: bool = True, measure_hardware: Any = None, scaling: bool = True, repeats: int = 3,
+            search: bool = True, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
             progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None,
             devices: Sequence[Any] | None = None) -> Report:
     """Predict, search and execute; everything :func:`write` needs (no files written)."""
@@ -240,62 +248,115 @@ def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
 
 
 # ----------------------------------------------------------------------------- write
+LAYOUT_CHARS = 34  # a layout longer than this is abbreviated in tables (full text: tooltip + footnote)
+
+
+def layout_cell(layout: Any, limit: int = LAYOUT_CHARS) -> Cell:
+    """A layout for a table cell: abbreviated to ``limit`` characters, the full string as tooltip."""
+    full = str(layout) or "(replicated)"
+    return Cell(short_layout(layout, limit), full)
+
+
+def layout_footnote(named: list[tuple[str, Any]], limit: int = LAYOUT_CHARS) -> str:
+    """``Full layouts: `a` = `...`; ...`` for the layouts a table abbreviated ("" if none)."""
+    long = [(n, str(lay)) for n, lay in named if len(str(lay) or "(replicated)") > limit
+            or short_layout(lay, 10**6) != (str(lay) or "(replicated)")]
+    if not long:
+        return ""
+    return "Full layouts (abbreviated above): " + "; ".join(f"{n} = `{lay}`" for n, lay in long) + "."
+
+
+def _local_differs(rep: Report) -> bool:
+    return bool(rep.executed) and rep.measure_hardware is not None and rep.measure_hardware.name != rep.hardware.name
+
+
 def _display_table(rep: Report) -> Any:
+    """The layouts table as a reader sees it: units in the headers, layouts abbreviated.
+
+    Predictions on the report's hardware come first; when the layouts ran on local devices
+    of another kind, the local prediction and the measurement follow under their own
+    labels (they are compared with each other, not with the target's numbers).
+    """
     import pandas as pd
 
     rows = []
     hbm = rep.hardware.hbm_bytes
+    target = rep.hardware.name
+    local = _local_differs(rep)
     for r in rep.results:
         c, ex = r.cost, r.execution
-        row = {"layout": r.name, "rules": short_layout(r.layout, 56)}
+        row = {"layout": r.name, "rules": layout_cell(r.layout)}
+        pre = f"{target}: " if local else ""
         if c is not None:
-            row.update({"compute": fmt_time(c.compute_s), "communication": fmt_time(c.comm_s),
-                        "time": fmt_time(c.time_s),
-                        "memory / device": fmt_bytes(c.memory_bytes) + ("" if c.fits else " (over HBM)"),
+            row.update({f"{pre}compute": fmt_time(c.compute_s), f"{pre}comm.": fmt_time(c.comm_s),
+                        f"{pre}step time": fmt_time(c.time_s),
+                        f"{pre}memory / device": fmt_bytes(c.memory_bytes) + ("" if c.fits else " (over HBM)"),
                         "% of HBM": f"{c.memory_bytes / hbm:.1%}"})
         else:
-            row.update({"compute": "", "communication": "", "time": "", "memory / device": "", "% of HBM": ""})
+            row.update({f"{pre}compute": "", f"{pre}comm.": "", f"{pre}step time": "", f"{pre}memory / device": "",
+                        "% of HBM": ""})
         if rep.executed:
-            row.update({"measured": fmt_time(r.measured_s) if ex else "",
-                        "predicted here": fmt_time(r.local_predicted_s) if ex else "",
-                        "max |error|": f"{ex.max_abs_error:.2g}" if ex else "",
+            here = f"here ({rep.measure_hardware.name}): " if local else ""
+            if local:
+                row[f"{here}predicted"] = fmt_time(r.local_predicted_s) if ex else ""
+            row[f"{here}measured" if local else "measured here"] = fmt_time(r.measured_s) if ex else ""
+            row.update({"max |error|": f"{ex.max_abs_error:.2g}" if ex else "",
                         "collectives": ("match" if ex.collectives_match else "MISMATCH") if ex else ""})
         row["note"] = r.error
         rows.append(row)
     df = pd.DataFrame(rows)
     if not any(df["note"]):
         df = df.drop(columns="note")
-    if rep.executed and rep.measure_hardware is not None and rep.measure_hardware.name == rep.hardware.name:
-        df = df.drop(columns="predicted here")  # the same numbers as "time"
     return df
 
 
+def _noise_note(executed: list[LayoutResult]) -> str:
+    """How much the timed runs of one layout differ: differences below that are noise."""
+    spreads = [r.execution.step_time_spread_s / r.execution.step_time_s for r in executed
+               if r.execution.step_time_s > 0 and len(r.execution.step_times_s) > 1]
+    if not spreads:
+        return ""
+    return (f" The timed runs of one layout differ by up to {max(spreads):.0%} of its median (slowest minus "
+            "fastest): measured differences smaller than that are noise, and so is the order they give.")
+
+
+def _ranked(rep: Report) -> list[LayoutResult]:
+    return sorted((r for r in rep.results if r.cost is not None), key=lambda r: r.cost.time_s)
+
+
 def default_intro(rep: Report) -> str:
-    """One paragraph: what the report shows, computed from its numbers."""
-    g, ok = rep.graph, [r for r in rep.results if r.cost is not None]
+    """One paragraph: what the report shows and which layout to use and why, from its numbers."""
+    from autolayout.reporting.describe import why_faster
+
+    g, ranked = rep.graph, _ranked(rep)
     parts = [f"This report compares {len(rep.results)} layouts of `{g.name}` ({g.num_params():,} parameters, "
-             f"{g.flops():.3g} model FLOPs per step) on mesh `{rep.mesh}` ({rep.mesh.size} devices) under the "
-             f"`{rep.hardware.name}` hardware profile: predicted compute and communication time per step and "
-             f"peak memory per device against the {fmt_bytes(rep.hardware.hbm_bytes)} of HBM."]
-    if ok:
-        best = min(ok, key=lambda r: r.cost.time_s)
-        worst = max(ok, key=lambda r: r.cost.time_s)
-        parts.append(f"The fastest predicted layout is `{best.name}` at {fmt_time(best.cost.time_s)} per step"
-                     + (f", {worst.cost.time_s / best.cost.time_s:.2f}x faster than `{worst.name}`."
-                        if worst is not best else "."))
+             f"{g.flops():.3g} model FLOPs per step) on mesh `{rep.mesh}` ({rep.mesh.size} devices), predicted "
+             f"per device for `{rep.hardware.name}` ({fmt_bytes(rep.hardware.hbm_bytes)} of HBM)."]
+    fits = [r for r in ranked if r.cost.fits]
+    if len(fits) >= 2:
+        parts.append("Fastest that fits: " + why_faster(fits[0].name, fits[0].cost, fits[1].name, fits[1].cost))
+    elif fits:
+        parts.append(f"Only `{fits[0].name}` fits in HBM ({fmt_time(fits[0].cost.time_s)} per step).")
+    elif ranked:
+        parts.append(f"No layout fits in HBM; the smallest needs "
+                     f"{fmt_bytes(min(r.cost.memory_bytes for r in ranked))} per device.")
     if rep.search is not None:
         s = rep.search
-        parts.append(f"The CP-SAT search returned {s.status} (gap {s.gap:.1%}) in {s.solve_time_s:.2f} s.")
+        parts.append(f"The CP-SAT search returned {s.status} (gap {s.gap:.1%}) in {s.solve_time_s:.2f} s"
+                     + (": no layout is predicted faster than `searched`." if s.status == "OPTIMAL" else "."))
     ex = rep.executed
     if ex:
         matched = sum(bool(r.execution.collectives_match) for r in ex)
         err = max(r.execution.max_abs_error for r in ex)
         rho = rep.spearman
+        local = rep.measure_hardware.name
         parts.append(
             f"Executed on {rep.mesh.size} local {rep.platform} devices, the outputs differ from the unsharded "
-            f"reference by at most {err:.2g} (absolute); the compiled collectives matched the predicted "
-            f"ones for {matched} of {len(ex)} layouts, and predicted ({rep.measure_hardware.name} profile) and "
-            f"measured step times rank with Spearman rho = {'n/a' if rho != rho else f'{rho:.2f}'}.")
+            f"reference by at most {err:.2g} (absolute) and the compiled collectives matched the predicted "
+            f"ones for {matched} of {len(ex)} layouts; measured step times rank against predictions priced for "
+            f"these devices (`{local}` profile) with Spearman rho = {'n/a' if rho != rho else f'{rho:.2f}'}"
+            + (f" — the `{rep.hardware.name}` predictions are a different machine's and are not ranked against "
+               "these measurements." if _local_differs(rep) else "."))
     return " ".join(parts)
 
 
@@ -310,12 +371,20 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
     ok = [r for r in rep.results if r.cost is not None]
 
     page.heading("Layouts side by side")
-    page.paragraph(f"Predicted per device on `{rep.hardware.name}` (compute, communication, total time per step "
-                   f"and peak memory; HBM {fmt_bytes(rep.hardware.hbm_bytes)})"
-                   + (". Measured columns come from running each layout with `autolayout.execute` on the local "
-                      f"devices, predicted there with the `{rep.measure_hardware.name}` profile."
-                      if rep.executed else "."))
+    local = _local_differs(rep)
+    page.paragraph(f"Predicted per device and per training step on `{rep.hardware.name}`: compute, communication "
+                   f"(comm.), step time and peak memory (HBM {fmt_bytes(rep.hardware.hbm_bytes)})"
+                   + ((". The columns marked *here* come from running each layout with `autolayout.execute` on the "
+                       f"{rep.mesh.size} local {rep.platform} devices: the prediction for these devices "
+                       f"(`{rep.measure_hardware.name}` profile) and the measured median step time. They are a "
+                       f"different machine from `{rep.hardware.name}`: compare *here* columns with each other.")
+                      if local else
+                      (". *Measured here* is the median step time of each layout run with `autolayout.execute` on "
+                       f"the {rep.mesh.size} local {rep.platform} devices." if rep.executed else ".")))
     page.table(rep.table(), "layouts", "Layouts", display=_display_table(rep))
+    foot = layout_footnote([(r.name, r.layout) for r in rep.results])
+    if foot:
+        page.note(foot)
     for note in rep.notes + [n for n in (rep.execute_note, rep.search_note) if n]:
         page.paragraph("Note: " + note)
     if ok:
@@ -334,7 +403,7 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
         df = pd.DataFrame([{"status": s.status, "layout": str(s.layout), "objective_ms": s.objective * 1e3,
                             "bound_ms": s.bound * 1e3, "gap": s.gap, "solve_time_s": s.solve_time_s,
                             "variables": s.num_variables, "constraints": s.num_constraints}])
-        disp = pd.DataFrame([{"status": s.status, "layout": short_layout(s.layout, 56),
+        disp = pd.DataFrame([{"status": s.status, "layout": layout_cell(s.layout),
                               "objective": fmt_time(s.objective), "bound": fmt_time(s.bound),
                               "gap": f"{s.gap:.2%}", "solve time": f"{s.solve_time_s:.2f} s",
                               "variables": s.num_variables, "constraints": s.num_constraints}])
@@ -342,29 +411,39 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
                        "step time of the layout it returns; the bound proves no layout is faster than "
                        "bound (gap = (objective - bound) / objective).")
         page.table(df, "search", "Search result", display=disp)
+        page.paragraph("The searched layout in full:")
         page.code(str(s.layout) or "(replicated)")
     else:
         page.paragraph(rep.search_note or "The search was not run (search=False).")
 
     ex = rep.executed
     if ex:
-        page.heading("Predicted vs measured")
+        page.heading("Predicted vs measured on the local devices")
         rho = rep.spearman
+        local_hw = rep.measure_hardware.name
         page.paragraph(
-            f"Each point is one layout run on {rep.mesh.size} local devices: predicted step time with the "
-            f"`{rep.measure_hardware.name}` profile against the median measured step time. What matters for "
-            f"choosing layouts is the order: Spearman rank correlation rho = "
-            f"{'n/a (fewer than 3 layouts)' if rho != rho else f'{rho:.2f}'}. On virtual CPU devices the absolute "
-            "times validate the pipeline and a calibrated CPU profile, not a TPU's speed.")
+            f"Each point is one layout run on the {rep.mesh.size} local {rep.platform} devices: the step time "
+            f"predicted for these devices (`{local_hw}` profile) against the median measured step time. What "
+            f"matters for choosing layouts is the order: Spearman rank correlation rho = "
+            f"{'n/a (fewer than 3 layouts)' if rho != rho else f'{rho:.2f}'}."
+            + (f" The `{rep.hardware.name}` predictions of the table above are for another machine and are not "
+               "part of this comparison." if local else "")
+            + _noise_note(ex)
+            + (" On virtual CPU devices that share a few cores, absolute times validate the pipeline and a "
+               "calibrated CPU profile, not an accelerator's speed." if rep.platform == "CPU" else ""))
         page.image(plots.scatter([r.local_predicted_s for r in ex], [r.measured_s for r in ex],
-                                 [r.name for r in ex], rho), "predicted_vs_measured",
-                   "Predicted vs measured step time per layout (log-log; dotted line: equal).")
+                                 [r.name for r in ex], rho, title=f"Here: {local_hw} prediction vs measured",
+                                 xlabel=f"predicted for these devices ({local_hw})"),
+                   "predicted_vs_measured",
+                   "Predicted (local profile) vs measured step time per layout (log-log; dotted line: equal).")
         bad = [r for r in ex if not r.execution.collectives_match]
         for r in bad:
             page.paragraph(f"Collectives of {r.name} differ from the prediction:")
             page.code(r.execution.collective_diff())
 
     if rep.scaling is not None:
+        from autolayout.reporting.committed import scaling_display
+
         page.heading("Scaling (paper §8.6)")
         page.paragraph(
             f"The paper's MLP under growing meshes, predicted on `{rep.scaling.hardware.iloc[0]}`: n = k² devices "
@@ -376,7 +455,7 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
         page.image(plots.scaling_lines(rep.scaling, f"Predicted efficiency on {rep.scaling.hardware.iloc[0]} "
                                                     "(paper §8.6)"),
                    "scaling", "Predicted model-FLOPs utilisation vs devices (hollow: does not fit in HBM).")
-        page.table(rep.scaling, "scaling", "Scaling data", display=_scaling_display(rep.scaling))
+        page.table(rep.scaling, "scaling", "Scaling data", display=scaling_display(rep.scaling))
 
     page.summary = {
         "title": rep.title, "graph": rep.graph.name, "mesh": str(rep.mesh), "hardware": rep.hardware.name,
@@ -392,13 +471,6 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
     return page
 
 
-def _scaling_display(df: Any) -> Any:
-    out = df[["layout_family", "mesh", "batch", "d_hidden", "d_io", "efficiency", "time_ms", "fits"]].copy()
-    out["efficiency"] = [f"{e:.1%}" for e in out.efficiency]
-    out["time_ms"] = [f"{t:.3g}" for t in out.time_ms]
-    return out
-
-
 def write(rep: Report, out: str | Path, title: str | None = None, intro: str | None = None,
           command: str = "") -> Report:
     """Write ``rep`` under ``out``; returns it with ``path`` set."""
@@ -409,7 +481,7 @@ def write(rep: Report, out: str | Path, title: str | None = None, intro: str | N
 
 def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
            search: bool = True, out: str | Path = "reports/report", title: str | None = None,
-           intro: str | None = None, measure_hardware: Any = None, scaling: bool = True, repeats: int = 3,
+           intro: str | None = None, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
            progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None) -> Report:
     """Compare ``layouts`` of ``graph`` on ``mesh`` and write a report directory ``out``.
 
@@ -419,15 +491,18 @@ def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3"
         layouts: a layout, a list of layouts (strings or :class:`~autolayout.core.Layout`),
             ``(name, layout)`` pairs or a mapping name -> layout.
         hardware: the profile predictions are priced on (name, Hardware or JSON path).
-        execute: also run each layout on the local devices (``autolayout.execute``) and
-            compare; skipped with a note when the mesh has more devices than jax has.
-        search: also run ``autolayout.search`` and add its layout (``"searched"``).
+        execute: also run each layout on the local devices (``autolayout.execute``: compile,
+            run, compare outputs and collectives, time it) — the slow part; skipped with a
+            note when the mesh has more devices than jax has. ``False``: predictions only.
+        search: also run ``autolayout.search`` and add its layout (``"searched"``, or
+            ``"<name> (searched)"`` when it is one of ``layouts``).
         out: the directory to write (``index.html``, ``report.md``, PNGs, CSVs).
         title, intro: override the title and the opening paragraph (computed by default).
         measure_hardware: the profile that prices the executed runs: default the built-in
             profile of the local devices; ``"calibrate"`` measures one with
             ``autolayout.calibrate``; or a name, Hardware or JSON path.
-        scaling: include the paper's §8.6 scaling chart (predicted on ``hardware``).
+        scaling: add the paper's §8.6 scaling chart of its MLP (predicted on ``hardware``;
+            not about ``graph``, so off by default).
 
     Example::
 

@@ -56,7 +56,10 @@ def explore_layouts() -> list:
              '                              batch=16, length=32)\n'
              'print(big.summary())'),
         md("## 2. Compare layouts\n\n`autolayout.predict` prices a layout per device for a hardware profile "
-           "(here an 8-chip TPU v4 slice; `autolayout.known_hardware()` lists the profiles). No device is needed."),
+           "(here an 8-chip TPU v4 slice; `autolayout.known_hardware()` lists the profiles). No device is needed: "
+           "every time and memory figure in this section and the next is a **prediction for TPU v4 chips**, per "
+           "chip and per training step, not something measured on this machine. `DOES NOT FIT` means the layout "
+           "needs more memory per chip than a TPU v4 has (32 GiB)."),
         code('layouts = {\n'
              '    "data-parallel": "batch:rows,cols",\n'
              '    "model-parallel": "heads:cols;d_ff:cols;vocab:cols",\n'
@@ -72,11 +75,19 @@ def explore_layouts() -> list:
              'display(Image(plots.memory_bars(names, [c.memory_bytes for c in costs.values()],\n'
              '                                autolayout.get_hardware("tpu-v4").hbm_bytes,\n'
              '                                [c.memory for c in costs.values()])))'),
-        md("Where does the time go? Each `Cost` has a per-op table and the list of collectives, stated the way "
-           "XLA's HLO states them."),
-        code('c = costs["2-D (paper §9)"]\n'
-             'c.per_op.sort_values("total_s", ascending=False).head(8)[["op", "kind", "count", "local_shape", '
-             '"total_s", "collectives"]]'),
+        md("Where does the time go? Each `Cost` has a per-op table (`per_op`, one row per op, times in seconds) "
+           "and the list of collectives, stated the way XLA's HLO states them. "
+           "`autolayout.reporting.describe.describe_op` says what an op is; `count` is how often it runs per step "
+           "(12 layers), `total_ms` its predicted time over all of them, `collectives` what each run communicates "
+           "(bytes per chip over a mesh axis)."),
+        code('import pandas as pd\n'
+             'from autolayout.reporting.describe import describe_op\n\n'
+             'pd.set_option("display.max_colwidth", 100)   # show op descriptions in full\n'
+             'c = costs["2-D (paper §9)"]\n'
+             'top = c.per_op.sort_values("total_s", ascending=False).head(8)\n'
+             'top.assign(op=[describe_op(big, n) for n in top.op], total_ms=top.total_s * 1e3)[\n'
+             '    ["op", "count", "local_shape", "total_ms", "collectives"]]'),
+        code('print(c.collectives[:3])   # the first three collectives: kind(bytes per device over axis[group size]) x runs'),
         md("## 3. Search\n\n`autolayout.search` builds a CP-SAT model that is exact with respect to the cost model "
            "(its objective is `predict`'s time) and may also shard weight updates (Xu et al. 2020)."),
         code('result = autolayout.search(big, MESH, hardware="tpu-v4")\n'
@@ -91,12 +102,24 @@ def explore_layouts() -> list:
         md("## 4. Execute and validate\n\nLayouts never change results, so the layout chosen for the TPU can be "
            "checked here on the small model: run it as one `jax.shard_map` program on the local devices, compare "
            "its outputs with the unsharded step and its compiled collectives with the predicted ones (kind, "
-           "bytes, group size). `execute` prices its prediction with the local devices' profile; "
-           "`autolayout.calibrate(MESH)` measures one (see `bring_your_own_model.ipynb`)."),
-        code('ex = autolayout.execute(small, MESH, result.layout, devices=devices, repeats=3)\n'
+           "bytes, group size).\n\n"
+           "The times printed here are of a **different model on a different machine** from section 2: the small "
+           "transformer on 8 *virtual* CPU devices that share this machine's cores. To compare like with like, "
+           "`execute` prices its prediction with a profile of these devices — here one measured by "
+           "`autolayout.calibrate` (a few seconds) — never with the TPU profile. Expect the measured time to be "
+           "within a small factor of that prediction, not equal: the calibration is quick and other processes share "
+           "the cores."),
+        code('hw_here = autolayout.calibrate(MESH, quick=True, devices=devices)   # this machine\'s profile\n'
+             'ex = autolayout.execute(small, MESH, result.layout, devices=devices, repeats=3, hardware=hw_here)\n'
              'print(ex.summary())\n'
              'assert ex.collectives_match and ex.max_rel_error < 1e-4\n'
              'ex.comparison'),
+        md("How to read `comparison` (all per device, one training step): *predicted* is the cost model with the "
+           "calibrated profile, *compiled* is XLA's own account of the compiled program, *measured* the median "
+           "timed step. The collectives rows must match exactly (ratio 1). XLA's `flops per device` counts the body "
+           "of a `while` loop once, so with the layers under `lax.scan` its figure is below ours (ratio < 1) by "
+           "about the layers' share; `memory bytes per device` is XLA's peak of the compiled program against our "
+           "liveness sweep."),
         md("Next: `autolayout.report(graph, MESH, layouts, out=...)` writes all of this as an HTML + Markdown "
            "report (see `bring_your_own_model.ipynb`), and `autolayout demo` runs the whole pipeline from the "
            "command line."),
@@ -108,7 +131,7 @@ def bring_your_own_model() -> list:
     return [
         md("# Bring your own model\n\n"
            "Any JAX function can be traced: name the axes of its arguments, and autolayout infers the names of "
-           "every other axis (DESIGN.md §3). Then search its layout, run it, and write a report."),
+           "every other axis (docs/DESIGN.md §3 in the repository). Then search its layout, run it, and write a report."),
         code(SETUP),
         md("## 1. A plain JAX model\n\nA two-layer regression network with GELU, trained with Adam. "
            "`autolayout.train_step` wraps the loss into `(params, opt_state, batch) -> (params, opt_state, loss)` "
@@ -171,7 +194,9 @@ def bring_your_own_model() -> list:
              '              {"x": "batch features", "y": "batch out"}),\n'
              '        roles=("param", "opt_state", "input"))\n'
              '    print(flax_graph.summary())'),
-        md("## 3. Find its layout\n\nFor a TPU v4 slice of 8 chips, and for a larger one."),
+        md("## 3. Find its layout\n\nFor a TPU v4 slice of 8 chips, and for a larger one (256 chips). The times and "
+           "memory printed are predictions per TPU v4 chip and per training step of the large graph; nothing runs "
+           "here."),
         code('for mesh in (MESH, "rows:16,cols:16"):\n'
              '    r = autolayout.search(graph, mesh, hardware="tpu-v4")\n'
              '    print(f"{mesh:16s} {str(r.layout) or \'(replicated)\'}")\n'
@@ -179,7 +204,11 @@ def bring_your_own_model() -> list:
         md("## 4. Run layouts here and check the predictions\n\nWith the small graph on the local devices and "
            "arguments of the traced structure (omit `args=` to draw random ones): each layout's outputs are "
            "compared with the unsharded step, its compiled collectives with the predicted ones, and the predicted "
-           "times (with a profile measured by `autolayout.calibrate`) with the measured ones."),
+           "times with the measured ones.\n\n"
+           "These predictions are for **this machine** (a profile measured by `autolayout.calibrate` on its 8 "
+           "virtual CPU devices), not for the TPU of section 3, and the last candidate is the best layout *for "
+           "this machine*. Virtual devices share a few cores, so absolute times are noisy; what a layout choice "
+           "needs is the order, which the chart's Spearman rank correlation measures (1 = same order)."),
         code('import numpy as np\n'
              'from autolayout.reporting.fmt import spearman\n\n'
              'def example_args(B, F, H, O, seed=0):\n'
@@ -195,21 +224,24 @@ def bring_your_own_model() -> list:
              '              str(autolayout.layout(small, MESH, hardware=hw))]   # the best layout for this machine\n'
              'runs = [autolayout.execute(small, MESH, lay, args=args, hardware=hw, devices=devices, repeats=3)\n'
              '        for lay in candidates]\n'
+             'print("on this machine, per step:   predicted (calibrated)   measured")\n'
              'for ex in runs:\n'
-             '    print(f"{str(ex.layout)[:40] or \'(replicated)\':40s} predicted {ex.predicted.time_s * 1e3:7.2f} ms  "\n'
-             '          f"measured {ex.step_time_s * 1e3:7.2f} ms  collectives {\'match\' if ex.collectives_match else \'MISMATCH\'}")\n'
+             '    print(f"{str(ex.layout)[:30] or \'(replicated)\':30s} {ex.predicted.time_s * 1e3:12.2f} ms {ex.step_time_s * 1e3:12.2f} ms"\n'
+             '          f"   collectives {\'match\' if ex.collectives_match else \'MISMATCH\'}")\n'
              '# Adam\'s first step divides by sqrt(nu) ~ |gradient|, which magnifies float rounding: 1e-3\n'
              'assert all(ex.collectives_match and ex.max_rel_error < 1e-3 for ex in runs)\n'
              'rho = spearman([ex.predicted.time_s for ex in runs], [ex.step_time_s for ex in runs])\n'
              'display(Image(plots.scatter([ex.predicted.time_s for ex in runs], [ex.step_time_s for ex in runs],\n'
-             '                            [str(ex.layout)[:20] or "replicated" for ex in runs], rho)))'),
+             '                            [str(ex.layout)[:30] or "(replicated)" for ex in runs], rho,\n'
+             '                            title="This machine", xlabel="predicted (calibrated profile)")))'),
         md("## 5. A report\n\n`autolayout.report` writes `index.html` (self-contained), `report.md`, PNG charts "
-           "and CSV tables: the layouts side by side, the search's result, the paper's §8.6 scaling chart "
-           "(`scaling=True`, the default) and, with `execute=True` (for a graph the local devices can run), "
-           "predicted vs measured."),
+           "and CSV tables: the layouts side by side and the search's result (it runs `autolayout.search` and adds "
+           "its layout as `searched`; `search=False` turns that off). By default it also executes every layout on "
+           "the local devices (`execute=True`, the slow part: compile and time each one, for a graph they can "
+           "run); the large graph here is only predicted. Its first paragraph says which layout to use and why."),
         code('import tempfile\n\n'
              'rep = autolayout.report(graph, MESH, {"data-parallel": "batch:rows,cols", "2-D": "batch:rows;hidden:cols"},\n'
-             '                        hardware="tpu-v4", execute=False, scaling=False, out=tempfile.mkdtemp())\n'
+             '                        hardware="tpu-v4", execute=False, out=tempfile.mkdtemp())\n'
              'print(rep.intro)\n'
              'print(sorted(p.name for p in rep.path.iterdir()))'),
     ]

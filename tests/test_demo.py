@@ -1,7 +1,9 @@
-"""``autolayout demo`` runs and shows the traced graph of the built-in transformer.
+"""``autolayout demo`` runs, shows the traced graph of the built-in transformer, and
+writes its report outside the repository.
 
-The full demo (calibration and four layouts compiled and run on 8 devices, about a
-minute) is what CI runs as ``autolayout demo``; these tests run it without execution.
+The full demo (calibration and four layouts compiled and run on 8 devices, about 20 s on
+two free cores; ``benchmarks/demo_time.py``) is what CI runs as ``autolayout demo``;
+these tests run it without execution.
 """
 from __future__ import annotations
 
@@ -31,3 +33,57 @@ def test_cli_demo_exits_zero(tmp_path, capsys):
     assert cli.main(["demo", "--no-execute", "--no-calibrate", "--out", str(tmp_path)]) == 0
     assert "autolayout demo" in capsys.readouterr().out
     assert (tmp_path / "index.html").is_file()
+
+
+def test_cli_demo_writes_a_fresh_directory_outside_the_repository(tmp_path, monkeypatch, capsys):
+    """The quickstart must leave the tree clean: the report goes to a new temp directory,
+    named in the last line; the committed reports/demo is not touched."""
+    import hashlib
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    committed = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (root / "reports" / "demo").iterdir()}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for _ in range(2):  # every run gets its own directory
+        assert cli.main(["demo", "--no-execute", "--no-calibrate", "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    finals = [line for line in lines if line.startswith("demo finished in ")]
+    assert len(finals) == 2 and lines[-1] == finals[-1]
+    paths = [Path(line.split("report: ", 1)[1].split(" (open", 1)[0]) for line in finals]
+    assert paths[0] != paths[1]
+    for path in paths:
+        assert path.name == "index.html" and path.is_file() and path.parent.parent == tmp_path
+        assert path.parent.name.startswith("autolayout-demo-")
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (root / "reports" / "demo").iterdir()} == committed
+
+
+def test_demo_sizes_are_the_zoo_defaults():
+    """One source for sizes: the zoo functions' defaults, which the CLI shows too."""
+    import inspect
+
+    from autolayout import models
+    from autolayout.reporting.model_spec import ZOO_DEFAULTS
+
+    sig = inspect.signature(models.transformer_lm).parameters
+    assert demo.SIZES == ZOO_DEFAULTS["transformer_lm"] == {k: sig[k].default for k in demo.SIZES}
+    assert models.transformer_lm().dims["d_model"] == sig["d_model"].default
+    mlp = inspect.signature(models.mlp).parameters
+    assert models.mlp().dims == {"batch": mlp["batch"].default, "io": mlp["d_io"].default,
+                                 "hidden": mlp["d_hidden"].default}
+    from autolayout.reporting.model_spec import model_options_help
+    shown = model_options_help(models.transformer_lm, ZOO_DEFAULTS["transformer_lm"])
+    assert f"--d-model={sig['d_model'].default}" in shown and f"--n-layers={sig['n_layers'].default}" in shown
+
+
+def test_compile_cache_can_be_turned_off_and_respects_the_users_choice(monkeypatch):
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.setenv("AUTOLAYOUT_CACHE", "0")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert demo.compile_cache_dir() is None
+    monkeypatch.setenv("AUTOLAYOUT_CACHE", "1")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/of/theirs")
+    assert demo.compile_cache_dir() == "/somewhere/of/theirs"
+    assert jax.config.jax_compilation_cache_dir == before  # left alone in both cases

@@ -92,7 +92,7 @@ def mlp_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "mlp"
     rep = autolayout.report(g, "rows:2,cols:4", {"data-parallel": "batch:rows,cols", "2-D": "batch:rows;hidden:cols",
                                                  "model-parallel": "hidden:cols"},
-                            hardware="tpu-v4", out=out, repeats=1, progress=False)
+                            hardware="tpu-v4", out=out, repeats=1, progress=False, scaling=True)
     return rep
 
 
@@ -211,3 +211,92 @@ def test_short_layout():
     assert short_layout(lay, 200) == "batch:rows,cols | WUS: 2 params over rows,cols; 1 param over rows"
     assert short_layout("") == "(replicated)"
     assert len(short_layout("a:x;b:y;c:z;d:w", limit=10)) == 10
+
+
+# ------------------------------------------------------------------- readable pages
+def test_report_keeps_target_predictions_apart_from_local_measurements(mlp_report):
+    """tpu-v4 predictions sit beside, never ranked against, the CPU measurements."""
+    rep = mlp_report
+    assert rep.hardware.name == "tpu-v4" and rep.measure_hardware.name != "tpu-v4"
+    table = pd.read_csv(rep.path / "layouts.csv")
+    # the rank correlation is between local predictions and measurements (pandas as the reference)
+    expected = table.local_predicted_ms.corr(table.measured_ms, method="spearman")
+    summary = json.loads((rep.path / "summary.json").read_text())
+    assert summary["spearman"] == pytest.approx(expected) or (math.isnan(expected) and summary["spearman"] is None)
+    html = (rep.path / "index.html").read_text()
+    local = rep.measure_hardware.name
+    assert f"tpu-v4: step time" in html and f"here ({local}): predicted" in html and f"here ({local}): measured" in html
+    assert "not ranked against" in rep.intro
+
+
+def test_report_headline_compares_winner_with_runner_up(mlp_report):
+    ranked = sorted((r for r in mlp_report.results if r.cost.fits), key=lambda r: r.cost.time_s)
+    first, second = ranked[0], ranked[1]
+    ratio = second.cost.time_s / first.cost.time_s
+    assert f"`{first.name}` is predicted {ratio:.2f}x as fast as the runner-up `{second.name}`" in mlp_report.intro
+
+
+def test_report_has_no_unrelated_scaling_section_by_default(tmp_path):
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    autolayout.report(g, "all:8", ["batch:all", "hidden:all"], execute=False, search=False, out=tmp_path)
+    assert not (tmp_path / "scaling.png").exists()
+    assert "§8.6" not in (tmp_path / "index.html").read_text()
+
+
+def test_page_tables_have_human_headers_and_tooltips(tmp_path):
+    from autolayout.reporting.page import Cell, Page, human
+
+    assert [human(c) for c in ("predicted_ms", "memory_MiB", "solve_s", "max_abs_error", "params_M")] == [
+        "predicted (ms)", "memory (MiB)", "solve (s)", "max abs error", "params (millions)"]
+    long = "batch:rows,cols|embed:rows,cols;layers/w1:rows,cols"
+    df = pd.DataFrame({"layout": [Cell("batch:rows,cols | WUS...", long)], "time_ms": [1.5]})
+    page = Page("t", "an intro of enough words " * 4)
+    page.table(df, "t", "caption")
+    page.write(tmp_path)
+    html = (tmp_path / "index.html").read_text()
+    assert f'<span title="{long}">' in html and "time (ms)" in html
+    assert "time_ms" in (tmp_path / "t.csv").read_text()  # the CSV keeps machine names
+
+
+def test_collective_prints_as_xla_states_it():
+    from autolayout.costmodel.rules import Collective
+
+    c = Collective("all-reduce", 1048576, 4, ("cols",))
+    assert repr(c) == str(c) == "all-reduce(1048576B over cols[4])"
+    assert repr(Collective("all-gather", 64, 8, ("rows", "cols"), count=12)) == "all-gather(64B over rows,cols[8]) x12"
+
+
+def test_describe_op_names_what_the_op_computes():
+    from autolayout.reporting.describe import describe_op
+
+    g = models.transformer_lm()
+    texts = {n: describe_op(g, n) for n in (op.name for op in g.ops())}
+    # the feed-forward output matmul reads w2[d_ff, d_model] (models.py: "blf,fd->bld")
+    ffn_out = [t for n, t in texts.items() if g.op(n).kind == "einsum" and len(g.op(n).inputs) == 2
+               and [d.name for d in g.op(n).output.shape] == ["batch", "length", "d_model"]
+               and [d.name for d in g.op(n).input_shapes[1]] == ["d_ff", "d_model"]]
+    assert ffn_out and ffn_out[0].startswith("matmul [batch,length,d_ff] × [d_ff,d_model] with layers/w2 (block, ")
+    # the weight gradient of w1[d_model, d_ff]: a contraction over batch and length with that output
+    w1_grad = [t for n, t in texts.items() if g.op(n).kind == "einsum" and len(g.op(n).inputs) == 2
+               and {d.name for d in g.op(n).output.shape} == {"d_model", "d_ff"}]
+    assert w1_grad and all("-> gradient of layers/w" in t for t in w1_grad)
+    assert any("embedding lookup" in t and "with embed" in t for t in texts.values())
+
+
+def test_why_faster_names_the_collectives_and_memory_saved():
+    from types import SimpleNamespace as NS
+
+    from autolayout.costmodel.rules import Collective
+    from autolayout.reporting.describe import why_faster
+
+    ar = lambda n, t, axes, count=1: Collective("all-reduce", n, 4, axes, count=count, time_s=t)  # noqa: E731
+    winner = NS(time_s=2e-3, compute_s=1.5e-3, comm_s=0.5e-3, flops=1e9, memory_bytes=2 * 2**20,
+                collectives=(ar(2**20, 0.25e-3, ("cols",), 2),))
+    runner = NS(time_s=4e-3, compute_s=1.5e-3, comm_s=2.5e-3, flops=1e9, memory_bytes=3 * 2**20,
+                collectives=(ar(2**22, 1.25e-3, ("rows", "cols"), 2),))
+    text = why_faster("2-D", winner, "data-parallel", runner)
+    assert text.startswith("`2-D` is predicted 2.00x as fast as the runner-up `data-parallel` (2 ms vs 4 ms per step)")
+    assert "2 ms less communication" in text
+    assert "2 all-reduces over cols moving 2 MiB in 500 us where the runner-up has 2 over rows×cols moving 8 MiB " \
+           "in 2.5 ms" in text
+    assert "It needs 2 MiB per device, less than the runner-up's 3 MiB." in text

@@ -21,16 +21,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from autolayout.reporting.fmt import fmt_bytes, short_layout
-from autolayout.reporting.page import Page
+from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout
+from autolayout.reporting.page import Cell, Page
 
-__all__ = ["generate_all", "REPORTS", "table1_report", "paper_transformer_report", "wus_report"]
+__all__ = ["generate_all", "REPORTS", "table1_report", "paper_transformer_report", "wus_report", "scaling_display"]
 
 COMMAND = "autolayout report --all"
 
 
 def _pct(x: float) -> str:
     return f"{x:+.0%}" if abs(x) >= 0.01 else f"{x:+.2%}"
+
+
+def scaling_display(df: Any) -> Any:
+    """The §8.6 scaling table (``reporting.paper.mlp_scaling``) as a reader sees it."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "layout": df.layout_family.str.split(" ").str[0], "mesh": df.mesh, "devices": df.devices,
+        "batch": df.batch, "d_hidden": df.d_hidden, "d_io": df.d_io,
+        "efficiency (% of peak)": [f"{e:.1%}" for e in df.efficiency],
+        "step time": [fmt_time(t / 1e3) for t in df.time_ms], "memory / device": [fmt_bytes(m * 2**30) for m in df.memory_GiB],
+        "fits in HBM": df.fits})
 
 
 # ------------------------------------------------------------------------------- table1
@@ -65,21 +77,26 @@ def table1_report(out: Path, hardware: str = "tpu-v3") -> Page:
         f"while data-parallel falls to {dp.efficiency.iloc[-1]:.0%}.")
     page = Page("Mesh-TensorFlow Table 1, reproduced by the cost model", intro, command=COMMAND)
     page.heading("Table 1 beside our predictions")
-    page.paragraph("`comp_flops`: predicted matmul FLOPs per device (the paper's Computation column is `paper_comp`); "
-                   "`allreduced_values`: operand elements of every all-reduce per device per step, beside the exact "
-                   "count of the §8 text (`paper_text`) and the table's Communication column (`paper_comm`); "
-                   "`param_values`: parameter values per device; `paper_memory`: the table's Memory/Processor "
-                   f"(activations and parameters); time and memory predicted on `{hardware}`.")
+    page.paragraph("*Matmul FLOPs / device*: predicted (the paper's Computation column is *paper: comp.*, "
+                   "*ratio* between them); *values all-reduced*: operand elements of every all-reduce per device "
+                   "per step, beside the exact count of the §8 text and the table's Communication column (*paper: "
+                   "comm.*); *param values*: parameter values per device beside the table's Memory/Processor "
+                   f"(activations and parameters); step time and memory predicted on `{hardware}`. `table1.csv` "
+                   "has the exact numbers.")
+    names = [x if x not in ("[]", "") else "(replicated)" for x in df.layout]
     disp = pd.DataFrame({
-        "layout": df.layout, "mesh": df.mesh, "matmul FLOPs/device": df.comp_flops, "paper comp.": df.paper_comp,
-        "ratio": df.comp_ratio, "all-reduced values": df.allreduced_values, "paper §8 text": df.paper_text,
-        "paper comm.": df.paper_comm, "param values": df.param_values, "paper memory": df.paper_memory,
-        "time ms": df.time_ms, "memory MiB": df.memory_MiB})
+        "layout": names, "mesh": df.mesh, "matmul FLOPs / device": [f"{v:.3g}" for v in df.comp_flops],
+        "paper: comp.": [f"{v:.3g}" for v in df.paper_comp], "ratio": df.comp_ratio,
+        "values all-reduced": [f"{v:.3g}" for v in df.allreduced_values],
+        "paper: §8 text": [f"{v:.3g}" for v in df.paper_text], "paper: comm.": [f"{v:.3g}" for v in df.paper_comm],
+        "param values": [f"{v:.3g}" for v in df.param_values], "paper: memory": [f"{v:.3g}" for v in df.paper_memory],
+        f"step time on {hardware}": [fmt_time(v / 1e3) for v in df.time_ms],
+        "memory / device": [fmt_bytes(v * 2**20) for v in df.memory_MiB]})
     page.table(df, "table1", "Table 1: paper vs autolayout", display=disp)
-    page.image(plots.paper_bars(list(df.layout), list(df.allreduced_values), list(df.paper_text),
+    page.image(plots.paper_bars(names, list(df.allreduced_values), list(df.paper_text),
                                 "values all-reduced per device", "Communication: predicted vs the paper's §8 text"),
                "communication", "All-reduced values per device per step: ours (blue) vs the paper's exact §8 text.")
-    page.image(plots.time_bars(list(df.layout), list(df.compute_ms / 1e3), list(df.comm_ms / 1e3),
+    page.image(plots.time_bars(names, list(df.compute_ms / 1e3), list(df.comm_ms / 1e3),
                                title=f"Predicted step time on {hardware}"),
                "time", "Predicted compute and communication time per step of each Table 1 layout.")
     page.heading("Scaling (§8.6)")
@@ -89,7 +106,7 @@ def table1_report(out: Path, hardware: str = "tpu-v3") -> Page:
                    "devices).")
     page.image(plots.scaling_lines(scaling, f"Predicted efficiency on {hardware}"), "scaling",
                "Predicted model-FLOPs utilisation vs devices for the data-parallel, model-parallel, 2-D and 3-D layouts.")
-    page.table(scaling, "scaling", "Scaling data")
+    page.table(scaling, "scaling", "Scaling data (predicted)", display=scaling_display(scaling))
     page.summary = {"comp_ratio": list(comp), "max_rel_diff_vs_paper_text": float(text_gap),
                     "table_comm_ratio": list(col_ratio), "scaling_2d_efficiency": list(two_d.efficiency),
                     "scaling_dp_efficiency": list(dp.efficiency)}
@@ -144,13 +161,24 @@ def paper_transformer_report(out: Path) -> Page:
     page.paragraph(f"Memory per core is {fmt_bytes(c.memory_bytes)} of {fmt_bytes(lm.hardware.hbm_bytes)} "
                    f"(params {fmt_bytes(c.memory['params'])}, optimizer state {fmt_bytes(c.memory['opt_state'])}, "
                    f"gradients {fmt_bytes(c.memory['grads'])}, activations {fmt_bytes(c.memory['activations'])}).")
-    top = c.per_op.sort_values("total_s", ascending=False).head(8)
+    from autolayout.reporting.describe import describe_op
+
+    top = c.per_op.sort_values("total_s", ascending=False).head(8).copy()
+    top["description"] = [describe_op(g, n) for n in top.op]
     page.table(top, "largest_ops", "Largest contributors to the predicted step",
-               display=pd.DataFrame({"op": top.op, "kind": top.kind, "count": top["count"],
-                                     "local shape": top.local_shape, "ms (all counts)": top.total_s * 1e3,
-                                     "collectives": top.collectives}))
+               display=pd.DataFrame({"op": [Cell(d, n) for d, n in zip(top.description, top.op)],
+                                     "runs / step": top["count"], "local shape": top.local_shape,
+                                     "time / step (all runs)": [fmt_time(t) for t in top.total_s],
+                                     "collectives (per run)": top.collectives}))
+    page.note("Op names are the tracer's (hover an op to see it, e.g. `dot_general_7`); shapes are the global "
+              "named dims of the inputs, `with` names the parameter an op reads, and the source line is in "
+              "`autolayout/models.py`.")
     page.heading("Table 2: parameter counts")
-    page.table(t2.drop(columns="graph"), "table2", "Table 2 models: our traced parameter count vs the paper's")
+    t2 = t2.drop(columns="graph")
+    page.table(t2, "table2", "Table 2 models: our traced parameter count vs the paper's",
+               display=pd.DataFrame({"d_ff": t2.d_ff, "heads": t2.heads, "parameters (billions)": t2.params_B,
+                                     "paper (billions)": t2.paper_params_B,
+                                     "difference": [_pct(x) for x in t2.rel_diff]}))
     page.heading("Search")
     if searched is not None:
         cmp = pd.DataFrame([
@@ -162,10 +190,22 @@ def paper_transformer_report(out: Path) -> Page:
              "memory_GiB": searched.cost.memory_bytes / 2**30, "utilisation": searched.cost.mfu}])
         page.paragraph(f"CP-SAT on the same graph, mesh and profile: {searched.status} in {searched.solve_time_s:.2f} s "
                        f"(gap {searched.gap:.1%}, {searched.num_variables} variables).")
-        page.table(cmp, "search", "The paper's layout vs the searched one (predicted)")
+        page.table(cmp, "search", "The paper's layout vs the searched one (predicted)",
+                   display=pd.DataFrame({
+                       "layout": cmp.layout, "rules": [Cell(short_layout(x, 40), str(x)) for x in
+                                                       (lm.layout, searched.layout)],
+                       "step time": [fmt_time(t / 1e3) for t in cmp.time_ms],
+                       "compute": [fmt_time(t / 1e3) for t in cmp.compute_ms],
+                       "comm.": [fmt_time(t / 1e3) for t in cmp.comm_ms],
+                       "memory / device": [fmt_bytes(m * 2**30) for m in cmp.memory_GiB],
+                       "utilisation": [f"{u:.0%}" for u in cmp.utilisation]}))
         page.image(plots.time_bars(list(cmp.layout), list(cmp.compute_ms / 1e3), list(cmp.comm_ms / 1e3),
                                    title="Predicted step time on tpu-v2, 16x32"),
                    "time", "Predicted compute and communication per step: paper layout vs searched.")
+        from autolayout.reporting.describe import why_faster
+        page.paragraph(why_faster("searched", searched.cost, "paper §9", c) if searched.cost.time_s < c.time_s
+                       else "The paper's layout is as fast as the searched one.")
+        page.paragraph("The searched layout in full:")
         page.code(str(searched.layout))
     else:
         page.paragraph(search_note)
@@ -232,7 +272,17 @@ def wus_report(out: Path) -> Page:
                    "without every parameter's update sharded over the batch axes. Model: d_model 1024, d_ff 4096, "
                    "16 heads of 64, 12 decoder layers standing in for 6+6 encoder-decoder layers, vocabulary 33708, "
                    "sequence length 64 (the paper gives neither the layout of layers nor the sequence length).")
-    page.table(df, "step_time", "Step time with and without weight-update sharding (paper where it states a figure)")
+    ms = lambda v: fmt_time(v / 1e3) if v == v else ""  # noqa: E731
+    page.table(df, "step_time", "Step time with and without weight-update sharding (paper where it states a figure)",
+               display=pd.DataFrame({
+                   "case": df.case, "mesh": df.mesh, "step": [ms(v) for v in df.step_ms],
+                   "step with WUS": [ms(v) for v in df.step_wus_ms], "speed-up": [f"{v:.2f}x" for v in df.speedup],
+                   "paper: step": [ms(v) for v in df.paper_step_ms],
+                   "paper: with WUS": [ms(v) for v in df.paper_step_wus_ms],
+                   "paper: speed-up": [f"{v:.2f}x" if v == v else "" for v in df.paper_speedup],
+                   "reduction (paper)": [f"{a:.0%} ({b:.0%})" for a, b in zip(df.reduction, df.paper_reduction)],
+                   "weight update: without / with WUS": [f"{ms(a)} / {ms(b)}" for a, b in
+                                                         zip(df.update_ms, df.update_wus_ms)]}))
     page.image(plots.paper_bars(["no WUS", "WUS"], [big.step_ms, big.step_wus_ms], [p0, p1], "ms per step",
                                 "2048 TPUv3 cores, batch 2048: predicted vs paper"),
                "step_time", "Step time on 2048 cores: predicted (blue) vs the paper's measurement (orange).")
@@ -248,7 +298,15 @@ def wus_report(out: Path) -> Page:
                    "the full optimizer state that exists outside the paper's training loop (§4: sharded inside the "
                    "loop, full-shaped before and after it); our step keeps the optimizer state sharded between "
                    "steps, so our peak with sharding can fall below the formula.")
-    page.table(mem, "memory", "Peak memory per core (bytes)")
+    page.table(mem, "memory", "Peak memory per core (the CSV has bytes)",
+               display=pd.DataFrame({
+                   "case": mem.case, "W: params": [fmt_bytes(v) for v in mem.W_params],
+                   "V: optimizer state": [fmt_bytes(v) for v in mem.V_opt_state],
+                   "P: activations, grads": [fmt_bytes(v) for v in mem.P_activations_grads],
+                   "peak": [fmt_bytes(v) for v in mem.peak], "peak with WUS": [fmt_bytes(v) for v in mem.peak_wus],
+                   "paper formula: before": [fmt_bytes(v) for v in mem.paper_formula_before],
+                   "after": [fmt_bytes(v) for v in mem.paper_formula_after],
+                   "V with WUS": [fmt_bytes(v) for v in mem.opt_state_wus]}))
     page.summary = {"large_speedup": float(big.speedup), "paper_large_speedup": p0 / p1,
                     "small_reduction": float(df.iloc[0].reduction), "paper_small_reduction": PAPER["wus_small_gain"],
                     "update_fraction": float(big.update_fraction), "peak_bytes": float(m_big.peak),
@@ -260,7 +318,7 @@ def wus_report(out: Path) -> Page:
 # ---------------------------------------------------------------------------- all of them
 def _demo(out: Path) -> None:
     from autolayout import demo
-    demo.run(out=str(out))
+    demo.run(out=str(out))  # `autolayout demo` itself writes to a fresh temp directory
 
 
 def _search_scaling(out: Path) -> Any:

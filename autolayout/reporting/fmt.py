@@ -78,22 +78,34 @@ def fmt_num(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+# storage (weight-update) sharding stages as reports name them: seed 003's weight-update
+# sharding is ZeRO stage 1 (Rajbhandari et al. 2020); stage 3 is FSDP
+STAGE_NAMES = {1: "WUS", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
 def short_layout(layout: Any, limit: int = 60) -> str:
     """A layout as text that fits a table cell.
 
-    Weight-update sharding entries are summarised (``"| WUS: 15 params over rows,cols"``)
-    and the replicated layout reads ``(replicated)``.
+    Storage (weight-update) sharding entries are summarised per stage
+    (``"| WUS: 15 params over rows,cols"``, ``"| ZeRO-3: all params over fsdp"``) and the
+    replicated layout reads ``(replicated)``.
     """
     from autolayout.core import Layout
 
     lay = Layout.coerce(layout)
     text = str(Layout(lay.rules)) or "(replicated)"
-    if lay.update_sharding:
-        groups: dict[tuple[str, ...], int] = {}
-        for _, axes in lay.update_sharding:
-            groups[axes] = groups.get(axes, 0) + 1
-        parts = [f"{n} param{'s' * (n != 1)} over {','.join(axes)}" for axes, n in groups.items()]
-        text += " | WUS: " + "; ".join(parts)
+    storage = getattr(lay, "storage", None) or tuple((p, axes, 1) for p, axes in lay.update_sharding)
+    by_stage: dict[int, dict[tuple[str, ...], list[str]]] = {}
+    for param, axes, stage in storage:
+        by_stage.setdefault(stage, {}).setdefault(tuple(axes), []).append(param)
+    for stage in sorted(by_stage):
+        parts = []
+        for axes, params in by_stage[stage].items():
+            n = sum(p != "*" for p in params)
+            who = ([f"{n} param{'s' * (n != 1)}"] if n else []) + (["all others" if n else "all params"]
+                                                                   if "*" in params else [])
+            parts.append(f"{' + '.join(who)} over {','.join(axes)}")
+        text += f" | {STAGE_NAMES.get(stage, f'stage {stage}')}: " + "; ".join(parts)
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text

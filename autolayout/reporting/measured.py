@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autolayout.reporting.fmt import short_layout, spearman
-from autolayout.reporting.page import Page
+from autolayout.reporting.fmt import fmt_time, short_layout, spearman
+from autolayout.reporting.page import Cell, Page
 
 __all__ = ["search_scaling_report", "validation_report"]
 
@@ -55,7 +55,7 @@ def search_scaling_report(out: Path, hardware: str = "tpu-v4", depths: tuple[int
                 r = search(g, m, hardware=hardware, time_limit_s=60)
                 row.update(status=r.status, solve_s=r.solve_time_s, cp_sat_s=r.cp_sat_time_s, gap=r.gap,
                            variables=r.num_variables, constraints=r.num_constraints,
-                           layout=short_layout(r.layout, 70), mfu=r.cost.mfu)
+                           layout=str(r.layout), mfu=r.cost.mfu)
             except SearchError:
                 row.update(status="no layout fits", solve_s=time.perf_counter() - t, cp_sat_s=math.nan, gap=math.nan,
                            variables=math.nan, constraints=math.nan, layout="", mfu=math.nan)
@@ -93,24 +93,45 @@ def search_scaling_report(out: Path, hardware: str = "tpu-v4", depths: tuple[int
     page = Page("Search scaling: CP-SAT time vs model depth and mesh size", intro, command=COMMAND)
     page.heading("Search time")
     series = {mesh: (list(part.layers), list(part.solve_s)) for mesh, part in solved.groupby("mesh", sort=False)}
-    page.image(plots.lines(series, "layers", "search time (s)", "Search time vs depth, per mesh", logx=True),
-               "time_vs_depth", "Wall time of autolayout.search (tables, CP-SAT, validation) vs number of layers.")
-    last = solved[solved.layers == solved.layers.max()].sort_values("devices")
-    page.image(plots.lines({"variables": (list(last.devices), list(last.variables)),
-                            "constraints": (list(last.devices), list(last.constraints))},
-                           "devices", "count", f"Problem size vs mesh ({int(solved.layers.max())} layers)",
-                           logx=True, logy=True),
-               "size_vs_mesh", "CP-SAT variables and constraints vs devices (1, 2 and 3-axis meshes).")
-    page.table(df, "searches", "Every search (status, time, problem size, chosen layout, predicted MFU)")
+    page.image(plots.lines(series, "layers", "search time (s)", "Search time vs depth, per mesh", logx=True,
+                           xticks=sorted(depths)),
+               "time_vs_depth", "Wall time of autolayout.search (tables, CP-SAT, validation) vs number of layers; a "
+                                "mesh has no point at depths where no layout fits in HBM.")
+    # the smallest depth: every mesh has a layout that fits there (the size does not depend on depth)
+    last = solved[solved.layers == solved.layers.min()].sort_values("devices")
+    # one line per number of mesh axes: joining a 2-axis and a 3-axis mesh of similar size
+    # would draw a zig-zag that says nothing about either
+    size = {}
+    for axes, part in last.groupby("axes"):
+        word = f"{axes}-axis"
+        size[f"variables, {word} meshes"] = (list(part.devices), list(part.variables))
+        size[f"constraints, {word} meshes"] = (list(part.devices), list(part.constraints))
+    page.image(plots.lines(size, "devices", "count", f"CP-SAT problem size vs mesh ({int(last.layers.iloc[0])} layer"
+                                                     f"{'s' * (int(last.layers.iloc[0]) != 1)})",
+                           logx=True, logy=True, xticks=sorted(set(last.devices))),
+               "size_vs_mesh", "CP-SAT variables and constraints vs devices, one line per number of mesh axes "
+                               "(the size grows with the axes, not with the devices).")
+    page.table(df, "searches", "Every search (status, time, problem size, chosen layout, predicted MFU)",
+               display=pd.DataFrame({
+                   "layers": df.layers, "mesh": df.mesh, "devices": df.devices, "status": df.status,
+                   "search time": [fmt_time(t) for t in df.solve_s], "of which CP-SAT": [fmt_time(t) for t in df.cp_sat_s],
+                   "gap": [f"{g:.1%}" if g == g else "" for g in df.gap], "variables": df.variables,
+                   "constraints": df.constraints, "layout": [Cell(short_layout(x, 40), x) if x else "" for x in df.layout],
+                   "predicted MFU": [f"{m:.0%}" if m == m else "" for m in df.mfu]}))
     page.heading("The space the solver replaces")
     page.paragraph(f"Valid layouts without weight-update sharding, enumerated exhaustively (capped at {enumerate_cap:,}) "
                    f"for the {depths[0]}-layer model; weight-update sharding multiplies the space by the options of "
                    "each of the 15 parameters.")
-    page.table(space, "space", "Exhaustive layout space per mesh")
+    page.table(space, "space", "Exhaustive layout space per mesh",
+               display=pd.DataFrame({"mesh": space.mesh, "valid layouts": space.valid_layouts,
+                                     "time to enumerate": [fmt_time(t) for t in space.enumerate_s]}))
     page.heading("Mesh-shape search")
     shape_df = pd.DataFrame([{"mesh": str(m), "best_time_ms": t * 1e3 if t is not None else math.nan}
                              for m, t in shapes.meshes])
-    page.table(shape_df, "mesh_shapes", f"Best predicted step time per mesh shape of 64 devices ({depths[1]} layers)")
+    page.table(shape_df, "mesh_shapes", f"Best predicted step time per mesh shape of 64 devices ({depths[1]} layers)",
+               display=pd.DataFrame({"mesh": shape_df.mesh,
+                                     "best predicted step time": [fmt_time(t / 1e3) if t == t else "no layout fits"
+                                                                  for t in shape_df.best_time_ms]}))
     page.summary = {"max_solve_s": float(solved.solve_s.max()), "median_solve_s": float(solved.solve_s.median()),
                     "variables_independent_of_depth": depth_free, "searches": len(df), "solved": len(solved),
                     "mesh_search_s": shapes_s, "mesh_search_choice": str(shapes.mesh)}
@@ -224,15 +245,28 @@ def validation_report(out: Path, repeats: int = 7, transformer: bool = True) -> 
         f"ran as shard_map programs on {len(devices)} virtual CPU devices, each predicted with a profile "
         + (f"measured by autolayout.calibrate on the same devices ({calib_s:.0f} s)" if calibrated else note)
         + f". Predicted and measured step times rank with Spearman rho = {allrow.spearman_calibrated:.2f} over all "
-        f"layouts (MLP alone {mlp_row.spearman_calibrated:.2f}; with the uncalibrated cpu placeholder profile "
-        f"{allrow.spearman_placeholder:.2f}); the median measured/predicted ratio is "
+        f"layouts (" + "; ".join(f"{row.model} alone {row.spearman_calibrated:.2f} over {row.layouts}"
+                                 for row in st.iloc[:-1].itertuples())
+        + f"; with the uncalibrated cpu placeholder profile {allrow.spearman_placeholder:.2f} over all)"
+        + (". The transformer's four layouts are measured within a few milliseconds of each other on shared "
+           "cores, so their order is mostly noise" if any(r.model == "transformer_lm" and r.spearman_calibrated < 0.5
+                                                         for r in st.itertuples()) else "")
+        + f"; the median measured/predicted ratio is "
         f"{allrow.median_measured_over_predicted:.2f} and {allrow.within_2x:.0%} of layouts are within 2x. The "
         f"compiled programs contain exactly the predicted collectives for {allrow.collectives_match} layouts, "
         f"and every output matches the unsharded reference to {allrow.max_abs_error:.1g}. The searched MLP layout "
         f"is measured {_rank(mlp_row.searched_rank)} of {mlp_row.layouts}.")
     page = Page("Validation: predicted vs measured on 8 virtual CPU devices", intro, command=COMMAND)
     page.heading("Ranking and accuracy")
-    page.table(st, "summary", "Per model: rank correlation, accuracy, collectives, errors")
+    page.table(st, "summary", "Per model: rank correlation, accuracy, collectives, errors",
+               display=pd.DataFrame({
+                   "model": st.model, "layouts": st.layouts, "Spearman rho (calibrated)": st.spearman_calibrated,
+                   "Spearman rho (placeholder)": st.spearman_placeholder,
+                   "median measured / predicted": st.median_measured_over_predicted,
+                   "within 2x": [f"{v:.0%}" for v in st.within_2x], "collectives match": st.collectives_match,
+                   "max abs error": [f"{v:.1g}" for v in st.max_abs_error],
+                   "fastest measured": [Cell(x if len(x) <= 24 else x[:21] + "...", x) for x in st.fastest_measured],
+                   "searched layout's measured rank": [_rank(r) for r in st.searched_rank]}))
     page.image(plots.scatter(list(df.predicted_ms / 1e3), list(df.measured_ms / 1e3), list(df.layout),
                              allrow.spearman_calibrated, "Calibrated profile", groups=list(df.model)),
                "predicted_vs_measured", "Predicted (calibrated profile) vs measured step time, every layout.")
@@ -240,12 +274,30 @@ def validation_report(out: Path, repeats: int = 7, transformer: bool = True) -> 
                              allrow.spearman_placeholder, "Placeholder cpu profile", groups=list(df.model)),
                "placeholder_vs_measured", "The same runs priced with the built-in (unmeasured) cpu profile.")
     page.heading("Every layout")
-    page.paragraph("`predicted_ms` uses the calibrated profile, `placeholder_ms` the built-in cpu profile; "
-                   f"`measured_ms` is the fastest of {repeats} timed runs (the one least disturbed by other processes "
-                   "on the shared cores; `median_ms` and `spread_ms` = max - min show the noise); "
-                   "`xla_flops_ratio` is XLA's cost_analysis FLOPs over the predicted FLOPs per device (XLA counts "
-                   "the body of a while loop once, so the transformer's scanned layers are under-counted there).")
-    page.table(df, "layouts", "Predicted vs measured per layout")
+    page.paragraph("*Predicted* uses the calibrated profile, *placeholder* the built-in cpu profile; "
+                   f"*measured* is the fastest of {repeats} timed runs (the one least disturbed by other processes "
+                   "on the shared cores; *spread* = slowest - fastest shows the noise); *XLA FLOPs ratio* is XLA's "
+                   "cost_analysis FLOPs over the predicted FLOPs per device (XLA counts the body of a while loop "
+                   "once, so the transformer's scanned layers are under-counted there). `layouts.csv` has every "
+                   "column, with the median too.")
+    page.table(df, "layouts", "Predicted vs measured per layout",
+               display=pd.DataFrame({
+                   "model": df.model, "layout": [Cell(x[:28] + ("..." if len(x) > 28 else ""), r or "(replicated)")
+                                                 for x, r in zip(df.layout, df.rules)],
+                   "predicted": [fmt_time(v / 1e3) for v in df.predicted_ms],
+                   "compute + comm.": [f"{fmt_time(a / 1e3)} + {fmt_time(b / 1e3)}" for a, b in
+                                       zip(df.compute_ms, df.comm_ms)],
+                   "placeholder": [fmt_time(v / 1e3) for v in df.placeholder_ms],
+                   "measured": [fmt_time(v / 1e3) for v in df.measured_ms],
+                   "spread": [fmt_time(v / 1e3) for v in df.spread_ms],
+                   "measured / predicted": [f"{v:.2f}" for v in df.ratio],
+                   "max abs error": [f"{v:.1g}" for v in df.max_abs_error],
+                   "collectives": [f"{'match' if m else 'MISMATCH'} ({n})" for m, n in
+                                   zip(df.collectives_match, df.collectives)],
+                   "XLA FLOPs ratio": [f"{v:.3g}" for v in df.xla_flops_ratio]}))
+    foot = [f"{r.layout} = `{r.rules}`" for r in df.itertuples() if len(r.layout) > 28 or r.layout == "searched"]
+    if foot:
+        page.note("Full layouts: " + "; ".join(foot) + ".")
     page.heading("Calibrated profile")
     page.code("\n".join([f"{hw.name}: {hw.description}"] + [f"  {s}" for s in hw.sources]))
     page.summary = {"spearman": float(allrow.spearman_calibrated), "spearman_mlp": float(mlp_row.spearman_calibrated),

@@ -4,7 +4,7 @@ Three forms:
 
 * a zoo name (``mlp``, ``transformer_lm``, ``moe``), whose keyword arguments become
   options generated from the function's signature (``--d-model 512 --heads 8``); sizes
-  not given take :data:`ZOO_DEFAULTS` (small enough to trace in a second);
+  not given take the function's defaults (:data:`ZOO_DEFAULTS`, small enough to trace in a second);
 * a JSON or YAML config file::
 
       {"model": "transformer_lm", "sizes": {"d_model": 512, "heads": 8}}
@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,13 +37,22 @@ class ModelError(ValueError):
     """``MODEL`` cannot be resolved, its options are wrong, or it does not return a Graph."""
 
 
-# Sizes the command line uses when an option is not given: CPU-friendly (trace in ~1 s,
-# execute on 8 virtual devices in seconds) and divisible by meshes of up to 8 devices.
-ZOO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mlp": dict(batch=1024, d_io=512, d_hidden=2048),
-    "transformer_lm": dict(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=256, batch=16, length=32),
-    "moe": dict(d_model=64, d_ff=128, experts=8, capacity=8, batch=8, length=32),
-}
+class _ZooDefaults(Mapping):
+    """Sizes used when an option is not given: the zoo functions' own defaults (one source,
+    documented in :mod:`autolayout.models`), read from their signatures on first use."""
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return {p.name: p.default for p in _params(_zoo()[name])
+                if _kind(p) == "int" and p.default is not inspect.Parameter.empty}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_zoo())
+
+    def __len__(self) -> int:
+        return len(_zoo())
+
+
+ZOO_DEFAULTS: Mapping[str, dict[str, Any]] = _ZooDefaults()
 
 
 @dataclass

@@ -18,26 +18,60 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Page"]
+__all__ = ["Page", "Cell", "human"]
 
+# Laid out for a 1200-px window (benchmarks/check_pages.py checks it): tables take the
+# page width and wrap their cells, long codes wrap instead of scrolling, figures scale down.
 CSS = """
 body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;
 background:#fafafa;color:#222;line-height:1.45}
-main{max-width:1000px;margin:0 auto;padding:24px 32px;background:#fff}
+main{max-width:1080px;margin:0 auto;padding:24px 32px;background:#fff;box-sizing:border-box}
 h1{font-size:1.7em;margin-bottom:.3em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}
 p.intro{font-size:1.05em;background:#f3f6fb;padding:12px 16px;border-left:4px solid #4C72B0}
-table{border-collapse:collapse;margin:12px 0;font-size:.86em}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:right}th{background:#f0f0f0}
+table{border-collapse:collapse;margin:12px 0;font-size:.84em;max-width:100%}
+th,td{border:1px solid #ddd;padding:4px 6px;text-align:right;overflow-wrap:break-word}td.num{white-space:nowrap}
+th{background:#f0f0f0;font-weight:600;vertical-align:bottom}
 td.text,th.text{text-align:left}caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
-figure{margin:16px 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.9em;color:#555}
-pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:.85em}
+td span[title]{border-bottom:1px dotted #888;cursor:help}
+figure{margin:16px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}figcaption{font-size:.9em;color:#555}
+pre{background:#f6f8fa;padding:10px;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
+code{overflow-wrap:anywhere}p.note{font-size:.88em;color:#444}
 footer{margin-top:2em;font-size:.8em;color:#777}
 """.strip()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell shown as ``text`` with the full value in a tooltip (HTML ``title``)."""
+
+    text: str
+    title: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# column-name suffixes of the CSVs -> the unit a reader sees in the header
+_UNITS = [("_ms", "ms"), ("_us", "us"), ("_s", "s"), ("_MiB", "MiB"), ("_GiB", "GiB"), ("_bytes", "bytes"),
+          ("_B", "B"), ("_pct", "%"), ("_M", "millions"), ("_b", "billions")]
+
+
+def human(column: str) -> str:
+    """A CSV column name as a table header: ``predicted_ms`` -> ``predicted (ms)``."""
+    name, unit = str(column), ""
+    for suffix, u in _UNITS:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name, unit = name[: -len(suffix)], u
+            break
+    name = name.replace("_", " ")
+    return f"{name} ({unit})" if unit else name
 
 
 def _cell(v: Any) -> str:
     if v is None:
         return ""
+    if isinstance(v, Cell):
+        return v.text
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
@@ -57,12 +91,13 @@ _NUMERIC = re.compile(r"[-+]?[\d.,]+(e[-+]?\d+)?\s*(%|x|B|KiB|MiB|GiB|TiB|ns|us|
 
 def _is_text(values: list[Any]) -> bool:
     """A column is text (left-aligned) unless every value is a number, possibly with a unit."""
+    values = [v.text if isinstance(v, Cell) else v for v in values]
     return any(isinstance(v, str) and v and not _NUMERIC.fullmatch(v.strip()) for v in values)
 
 
 @dataclass
 class _Block:
-    kind: str  # heading | paragraph | table | image | code
+    kind: str  # heading | paragraph | note | table | image | code
     text: str = ""
     data: Any = None
     name: str = ""
@@ -91,8 +126,16 @@ class Page:
         return self
 
     def table(self, df: Any, name: str, caption: str = "", display: Any = None) -> Page:
-        """``df`` goes to ``NAME.csv``; ``display`` (default ``df``) is what the page shows."""
-        self.blocks.append(_Block("table", caption, (df, display if display is not None else df), name))
+        """``df`` goes to ``NAME.csv``; ``display`` is what the page shows (default: ``df``
+        with :func:`human` column names). Cells may be :class:`Cell` (text + tooltip)."""
+        if display is None:
+            display = df.rename(columns=human)
+        self.blocks.append(_Block("table", caption, (df, display), name))
+        return self
+
+    def note(self, text: str) -> Page:
+        """A small-print paragraph (footnotes under a table)."""
+        self.blocks.append(_Block("note", text))
         return self
 
     def image(self, png: bytes, name: str, caption: str) -> Page:
@@ -136,6 +179,8 @@ class Page:
                 open_section = True
             elif b.kind == "paragraph":
                 parts.append(f"<p>{_inline_html(b.text)}</p>")
+            elif b.kind == "note":
+                parts.append(f'<p class="note">{_inline_html(b.text)}</p>')
             elif b.kind == "code":
                 parts.append(f"<pre><code>{e(b.text)}</code></pre>")
             elif b.kind == "table":
@@ -154,7 +199,7 @@ class Page:
         for b in self.blocks:
             if b.kind == "heading":
                 lines += [f"## {b.text}", ""]
-            elif b.kind == "paragraph":
+            elif b.kind in ("paragraph", "note"):
                 lines += [b.text, ""]
             elif b.kind == "code":
                 lines += ["```", b.text, "```", ""]
@@ -185,9 +230,20 @@ def _html_table(df: Any, caption: str) -> str:
     out.append("<tbody>")
     for row in df.itertuples(index=False):
         out.append("<tr>" + "".join(
-            f'<td class="{"text" if t else "num"}">{e(_cell(v))}</td>' for v, t in zip(row, text_cols)) + "</tr>")
+            f'<td class="{"text" if t else "num"}">{_html_cell(v)}</td>' for v, t in zip(row, text_cols)) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
+
+
+def _breakable(text: str) -> str:
+    """Escaped text with line-break opportunities after ``;`` ``,`` ``|`` ``/`` (layouts, meshes)."""
+    return re.sub(r"([;,|/])(?=\S)", r"\1<wbr>", html.escape(text))
+
+
+def _html_cell(v: Any) -> str:
+    if isinstance(v, Cell) and v.title and v.title != v.text:
+        return f'<span title="{html.escape(v.title)}">{_breakable(v.text)}</span>'
+    return _breakable(_cell(v))
 
 
 def _md_table(df: Any) -> str:
