@@ -2,7 +2,7 @@
 
 Three forms:
 
-* a zoo name (``mlp``, ``transformer_lm``, ``moe``), whose keyword arguments become
+* a zoo name (``mlp``, ``transformer_lm``, ``moe``, ``llama``), whose keyword arguments become
   options generated from the function's signature (``--d-model 512 --heads 8``); sizes
   not given take :data:`ZOO_DEFAULTS` (small enough to trace in a second);
 * a JSON or YAML config file::
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from autolayout.models import MODELS, default_sizes
+
 __all__ = ["ZOO_DEFAULTS", "ModelSpec", "resolve_model", "model_options_help", "ModelError"]
 
 
@@ -36,13 +38,9 @@ class ModelError(ValueError):
     """``MODEL`` cannot be resolved, its options are wrong, or it does not return a Graph."""
 
 
-# Sizes the command line uses when an option is not given: CPU-friendly (trace in ~1 s,
-# execute on 8 virtual devices in seconds) and divisible by meshes of up to 8 devices.
-ZOO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mlp": dict(batch=1024, d_io=512, d_hidden=2048),
-    "transformer_lm": dict(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=256, batch=16, length=32),
-    "moe": dict(d_model=64, d_ff=128, experts=8, capacity=8, batch=8, length=32),
-}
+# Sizes the command line uses when an option is not given: the zoo functions' own defaults
+# (autolayout.models is their one source; CPU-friendly, divisible by meshes of up to 8 devices).
+ZOO_DEFAULTS: dict[str, dict[str, Any]] = {name: default_sizes(name) for name in MODELS}
 
 
 @dataclass
