@@ -18,7 +18,7 @@ from autolayout import init_opt_state, models, train_step, trace
 
 # Kingma & Ba 2015, Algorithm 1 defaults.
 B1, B2, EPS = 0.9, 0.999, 1e-8
-LANGUAGE_MODELS = ("transformer_lm", "llama")  # the Adam-trained zoo models
+LANGUAGE_MODELS = zoo_cases.ADAM_MODELS  # the Adam-trained zoo models
 
 
 def expected_dims(model: str) -> dict[str, int]:

@@ -22,6 +22,8 @@ SIZES: dict[str, dict[str, int]] = {
                   length=7),
 }
 
+ADAM_MODELS = ("transformer_lm", "llama")  # trained with the zoo's Adam step (params, opt_state, batch)
+
 CASES = [(model, train) for model in SIZES for train in (True, False)]
 CASE_IDS = [f"{model}-{'train' if train else 'forward'}" for model, train in CASES]
 
