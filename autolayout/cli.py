@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from autolayout import __version__
+from autolayout.models import MODELS
 
 PROG = "autolayout"
 
@@ -286,7 +287,7 @@ def _run_table1(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
-MODEL_HELP = ("a zoo model (mlp, transformer_lm, moe) with its sizes as options, a JSON/YAML config file, "
+MODEL_HELP = (f"a zoo model ({', '.join(MODELS)}) with its sizes as options, a JSON/YAML config file, "
               "or package.module:function returning a traced Graph")
 
 

@@ -14,7 +14,7 @@ from autolayout import models
 from autolayout.costmodel import predict
 
 GPT3 = dict(d_model=12288, d_ff=49152, heads=96, d_kv=128, vocab=50304, batch=1536, length=2048,
-            dtype="bfloat16")
+            param_dtype="bfloat16")
 LAYOUTS = ["batch:rows,cols;d_ff:planes;heads:planes;vocab:planes",
            "batch:rows;d_ff:cols;heads:cols;vocab:cols;d_model:planes",
            "batch:rows;d_ff:cols,planes;heads:cols;vocab:cols;d_kv:planes"]

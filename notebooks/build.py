@@ -51,7 +51,7 @@ def explore_layouts() -> list:
            "validation). Tracing uses `jax.ShapeDtypeStruct`s: nothing is allocated, and layers run under "
            "`lax.scan`, so the graph does not grow with depth."),
         code('big = models.transformer_lm(d_model=1024, d_ff=4096, heads=16, d_kv=64, n_layers=12, vocab=32768,\n'
-             '                            batch=64, length=1024, dtype="bfloat16")\n'
+             '                            batch=64, length=1024, param_dtype="bfloat16")\n'
              'small = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=256,\n'
              '                              batch=16, length=32)\n'
              'print(big.summary())'),

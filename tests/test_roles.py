@@ -74,7 +74,7 @@ def test_zoo_updates_and_optimizer_state_are_at_the_parameters_paths(model):
     outs, ins = output_at(g), input_at(g)
     paths = param_paths(g)
     assert set(g.param_roles) == set(paths) == {t.name for t in g.params()}
-    adam = model == "transformer_lm"  # the zoo's Adam step: (params, {"mu", "nu", "count"}, batch)
+    adam = model in zoo_cases.ADAM_MODELS  # the zoo's Adam step: (params, {"mu", "nu", "count"}, batch)
     for name, rel in paths.items():
         role = g.param_roles[name]
         assert role.update == outs[(SequenceKey(0), *rel)]
@@ -96,7 +96,7 @@ def test_zoo_gradients_have_the_gradients_values(model):
         return np.asarray(tree, np.float64)
 
     for name, rel in paths.items():
-        if model == "transformer_lm":  # Adam: mu' = b1 mu + (1 - b1) g
+        if model in zoo_cases.ADAM_MODELS:  # Adam: mu' = b1 mu + (1 - b1) g
             expected = (at(ref[1]["mu"], rel) - ADAM_B1 * at(args[1]["mu"], rel)) / (1 - ADAM_B1)
         else:  # SGD with learning rate 0.1 (the zoo default): p' = p - 0.1 g
             expected = (at(args[0], rel) - at(ref[0], rel)) / 0.1

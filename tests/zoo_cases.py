@@ -18,7 +18,11 @@ SIZES: dict[str, dict[str, int]] = {
     "mlp": dict(batch=4, d_io=6, d_hidden=10),
     "transformer_lm": dict(d_model=8, d_ff=12, heads=2, d_kv=4, n_layers=3, vocab=11, batch=3, length=5),
     "moe": dict(d_model=8, d_ff=12, experts=4, capacity=3, batch=2, length=6),
+    "llama": dict(d_model=12, heads=6, kv_heads=2, d_kv=10, d_ff=14, n_layers=3, vocab=11, batch=4,
+                  length=7),
 }
+
+ADAM_MODELS = ("transformer_lm", "llama")  # trained with the zoo's Adam step (params, opt_state, batch)
 
 CASES = [(model, train) for model in SIZES for train in (True, False)]
 CASE_IDS = [f"{model}-{'train' if train else 'forward'}" for model, train in CASES]

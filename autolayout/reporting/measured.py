@@ -23,7 +23,7 @@ __all__ = ["search_scaling_report", "validation_report"]
 COMMAND = "autolayout report --all"
 
 SCALING_SIZES = dict(d_model=1024, d_ff=4096, heads=16, d_kv=64, vocab=32768, batch=512, length=512,
-                     dtype="bfloat16")
+                     param_dtype="bfloat16")
 DEPTHS = (1, 4, 16, 64)
 MESHES = ("all:8", "rows:2,cols:4", "rows:8,cols:8", "rows:16,cols:32", "rows:4,cols:4,planes:4",
           "rows:8,cols:8,planes:8")

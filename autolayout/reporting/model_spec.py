@@ -2,9 +2,9 @@
 
 Three forms:
 
-* a zoo name (``mlp``, ``transformer_lm``, ``moe``), whose keyword arguments become
+* a zoo name (``mlp``, ``transformer_lm``, ``moe``, ``llama``), whose keyword arguments become
   options generated from the function's signature (``--d-model 512 --heads 8``); sizes
-  not given take the function's defaults (:data:`ZOO_DEFAULTS`, small enough to trace in a second);
+  not given take :data:`ZOO_DEFAULTS` (small enough to trace in a second);
 * a JSON or YAML config file::
 
       {"model": "transformer_lm", "sizes": {"d_model": 512, "heads": 8}}
@@ -25,10 +25,11 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from autolayout.models import MODELS, default_sizes
 
 __all__ = ["ZOO_DEFAULTS", "ModelSpec", "resolve_model", "model_options_help", "ModelError"]
 
@@ -37,22 +38,9 @@ class ModelError(ValueError):
     """``MODEL`` cannot be resolved, its options are wrong, or it does not return a Graph."""
 
 
-class _ZooDefaults(Mapping):
-    """Sizes used when an option is not given: the zoo functions' own defaults (one source,
-    documented in :mod:`autolayout.models`), read from their signatures on first use."""
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        return {p.name: p.default for p in _params(_zoo()[name])
-                if _kind(p) == "int" and p.default is not inspect.Parameter.empty}
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_zoo())
-
-    def __len__(self) -> int:
-        return len(_zoo())
-
-
-ZOO_DEFAULTS: Mapping[str, dict[str, Any]] = _ZooDefaults()
+# Sizes the command line uses when an option is not given: the zoo functions' own defaults
+# (autolayout.models is their one source; CPU-friendly, divisible by meshes of up to 8 devices).
+ZOO_DEFAULTS: dict[str, dict[str, Any]] = {name: default_sizes(name) for name in MODELS}
 
 
 @dataclass

@@ -39,7 +39,7 @@ PAPER = {
 # The §9 model: Table 2's last row. Vocabulary 32768 (tensor2tensor's languagemodel_lm1b32k;
 # the paper does not state it).
 PAPER_LM_SIZES = dict(d_model=1024, d_ff=262144, heads=256, d_kv=256, n_layers=6, vocab=32768,
-                      batch=256, length=256, dtype="bfloat16")
+                      batch=256, length=256, param_dtype="bfloat16")
 PAPER_LM_LAYOUT = "batch:rows;vocab:cols;d_ff:cols;heads:cols"
 PAPER_LM_MESH = "rows:16,cols:32"
 
@@ -63,7 +63,7 @@ def mlp_scaling(hardware: Any = "tpu-v3", ks: tuple[int, ...] = (1, 2, 4, 8, 16,
     rows = []
 
     def add(family: str, k: int, mesh: str, layout: str, b: int, h: int, io: int) -> None:
-        g = models.mlp(b, io, h, dtype=dtype)
+        g = models.mlp(b, io, h, param_dtype=dtype)
         c = predict(g, mesh, layout, hardware)
         rows.append({"layout_family": family, "layout": layout or "(replicated)", "mesh": mesh,
                      "hardware": c.hardware.name,
@@ -160,7 +160,7 @@ def wus_transformer(cores: int = 2048, batch: int = 2048, mesh: str = "rows:32,c
         raise ValueError(f"mesh {m} has {m.size} devices, not {cores}")
     g = graph if graph is not None else models.transformer_lm(
         d_model=1024, d_ff=4096, heads=16, d_kv=64, n_layers=n_layers, vocab=33708, batch=batch,
-        length=length, dtype="float32")
+        length=length, param_dtype="float32")
     axes = ",".join(m.axis_names)
     base = Layout(f"batch:{axes}")
     lay = base
