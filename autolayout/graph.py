@@ -21,6 +21,7 @@ is never split.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from collections import Counter, defaultdict
@@ -46,7 +47,7 @@ class Tensor:
     dtype: str
     role: str
 
-    @property
+    @functools.cached_property
     def dim_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.shape)
 
@@ -54,7 +55,7 @@ class Tensor:
     def size(self) -> int:
         return math.prod(d.size for d in self.shape)
 
-    @property
+    @functools.cached_property
     def itemsize(self) -> int:
         return np.dtype(self.dtype).itemsize
 
@@ -111,7 +112,7 @@ class Op:
     # HBM and whether the output is written there. Set by Graph from the consumers.
     hbm: tuple[bool, ...] = ()
 
-    @property
+    @functools.cached_property
     def dims(self) -> tuple[Dim, ...]:
         """Union of input and output dims, in first-seen order."""
         seen: dict[str, Dim] = {}
@@ -120,7 +121,7 @@ class Op:
                 seen.setdefault(d.name, d)
         return tuple(seen.values())
 
-    @property
+    @functools.cached_property
     def reduced_dims(self) -> tuple[Dim, ...]:
         """Dims of the inputs that are not in the output (summed or reduced out)."""
         out = set(self.output.dim_names)
@@ -292,6 +293,8 @@ class Graph:
                 else:
                     self.nx.add_edge(src, op.name, pos=(pos,))
         self.order: tuple[str, ...] = tuple(op.name for op in ops)
+        self._consumers: dict[str, tuple[str, ...]] = {}
+        self._params: tuple[Tensor, ...] | None = None
         self.input_names = tuple(input_names)
         self.in_tree = in_tree
         self.outputs = tuple(outputs)
@@ -361,10 +364,15 @@ class Graph:
         return (self._ops[n].output for n in self.order)
 
     def consumers(self, name: str) -> list[str]:
-        return list(self.nx.successors(name))
+        hit = self._consumers.get(name)
+        if hit is None:
+            hit = self._consumers[name] = tuple(self.nx.successors(name))
+        return list(hit)
 
     def params(self) -> list[Tensor]:
-        return [t for t in self.tensors() if t.role == "param"]
+        if self._params is None:
+            self._params = tuple(t for t in self.tensors() if t.role == "param")
+        return list(self._params)
 
     def dim(self, name: str) -> Dim:
         return Dim(name, self.dims[name])

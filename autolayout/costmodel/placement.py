@@ -111,6 +111,10 @@ class Placement:
         """The placement of a tensor with a subset of these dims (not for flattened placements)."""
         return Placement(tuple(dims), tuple(self.axes_of(d) for d in dims))
 
+    def divides(self, sizes: Mapping[str, int], mesh: Mesh) -> bool:
+        """Whether every dim's size is divisible by the product of its axes."""
+        return all(sizes[d] % _prod(mesh, ax) == 0 for d, ax in zip(self.dims, self.axes))
+
     def local_size(self, dim: str, size: int, mesh: Mesh) -> int:
         return size // _prod(mesh, self.axes_of(dim))
 

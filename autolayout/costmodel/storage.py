@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import Placement
@@ -90,9 +91,18 @@ def gradient_walk(graph: Graph, param: str, axes_of: Mapping[str, tuple[str, ...
     return reduce_ops, seen
 
 
+@lru_cache(maxsize=4096)
+def _grad_path_cached(graph: Graph, reduce_ops: tuple[str, ...], seen: frozenset[str]) -> tuple[str, ...]:
+    return tuple(_grad_path_of(graph, reduce_ops, seen))
+
+
 def _grad_path(graph: Graph, reduce_ops: Sequence[str], seen: set[str]) -> list[str]:
     """Tensors between the reducing ops and the gradient (the gradient included), in graph
     order."""
+    return list(_grad_path_cached(graph, tuple(sorted(reduce_ops)), frozenset(seen)))
+
+
+def _grad_path_of(graph: Graph, reduce_ops: Sequence[str], seen: frozenset[str]) -> list[str]:
     down = set(reduce_ops)
     path: set[str] = set()
     carry_next = {c: n for lp in graph.loops.values() for c, n in lp.carries}
@@ -211,24 +221,11 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
         if d.name not in graph.loop_dims and local % factor == 0:
             dim = d.name
             break
-    pdims = set(p.dim_names)
     states = opt_state_of(graph, pname)
-    # update region: elementwise ops downstream of the gradient and of the optimizer state,
-    # staying within parameter-shaped tensors
-    frontier, region = [grad, *states], set()
-    while frontier:
-        t = frontier.pop()
-        for c in graph.consumers(t):
-            op = graph.op(c)
-            if c not in region and op.kind == "elementwise" and op.loop is None and \
-                    set(op.output.dim_names) <= pdims:
-                region.add(c)
-                frontier.append(c)
-    news = [n for n in region if graph.tensor(n).role == "output" and set(graph.tensor(n).dim_names) == pdims]
-    if not news:
+    region, new_param = _update_region(graph, pname)
+    if new_param is None:
         raise LayoutError(f"{what}: no updated parameter found downstream of its gradient {grad!r}; is this a "
                           "training step?")
-    new_param = sorted(news, key=graph.order.index)[-1]
     base = StorageShard(pname, tuple(axes), factor, dim, stage, tuple(reduce_ops), frozenset(), frozenset(),
                         frozenset(), frozenset(), frozenset(), new_param, tuple(states))
     path = _grad_path(graph, reduce_ops, seen)
@@ -283,9 +280,38 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
         stored |= chain
         computed |= chain
     stored |= {t for t in states if base.applies(graph, graph.tensor(t).dim_names)}
+    for t in sorted(stored, key=graph.order.index):  # the shard must divide every tensor it holds
+        tdims = graph.tensor(t).dim_names
+        taxes = norm if regions is not None and t in regions.stored else axes_of
+        if not base.placement(graph, tdims, taxes).divides(graph.dims, mesh):
+            if explicit:
+                raise LayoutError(
+                    f"{what}: tensor {t!r} {list(tdims)} would be split over more axes than its dim "
+                    f"{dim!r} divides by (with the axes its layout already gives it). Shard over fewer axes "
+                    f"or split {dim!r} less.")
+            notes.append(f"'*' storage entry: the shard of {pname!r} does not divide {t!r}; left whole")
+            return None
     return StorageShard(pname, tuple(axes), factor, dim, stage, tuple(reduce_ops), frozenset(scatter),
                         frozenset(partial), frozenset(partial_ops), frozenset(stored), frozenset(computed),
                         new_param, tuple(states))
+
+
+@lru_cache(maxsize=1024)
+def _update_region(graph: Graph, pname: str) -> tuple[frozenset[str], str | None]:
+    """The update ops of ``pname`` (element-wise ops downstream of its gradient and optimizer
+    state, within parameter-shaped tensors) and the updated parameter among them."""
+    pdims = set(graph.tensor(pname).dim_names)
+    frontier, region = [grad_of(graph, pname), *opt_state_of(graph, pname)], set()
+    while frontier:
+        t = frontier.pop()
+        for c in graph.consumers(t):
+            op = graph.op(c)
+            if c not in region and op.kind == "elementwise" and op.loop is None and \
+                    set(op.output.dim_names) <= pdims:
+                region.add(c)
+                frontier.append(c)
+    news = [n for n in region if graph.tensor(n).role == "output" and set(graph.tensor(n).dim_names) == pdims]
+    return frozenset(region), (sorted(news, key=graph.order.index)[-1] if news else None)
 
 
 def _shardable(op, dim: str) -> bool:
@@ -313,7 +339,8 @@ def _nonlinear(graph: Graph, path: Sequence[str], partial_in: set[str], grad: st
     return None
 
 
-def _weight_chain(graph: Graph, pname: str) -> set[str]:
+@lru_cache(maxsize=1024)
+def _weight_chain(graph: Graph, pname: str) -> frozenset[str]:
     """Stage 3: the tensors that hold (a layer of) the parameter and stay sharded: its loop
     slices, casts and other one-input elementwise ops of them, stacked copies of those saved
     for the backward scan, and their slices in turn. The ops reading them gather."""
@@ -330,4 +357,4 @@ def _weight_chain(graph: Graph, pname: str) -> set[str]:
             if keep and c not in out and graph.tensor(c).role != "output":
                 out.add(c)
                 frontier.append(c)
-    return out
+    return frozenset(out)

@@ -173,7 +173,7 @@ def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded
     active, upd = [], {}
     for k, p in enumerate(wus):
         i = tables.restrict(axes_of, p.dims)
-        best = min(((o.dtime, j) for j, o in enumerate(p.options) if o.index == i), default=None)
+        best = min(((p.options[j].dtime, j) for j in p.at(i)), default=None)
         if best is not None and best[0] < 0:
             o = p.options[best[1]]
             active.append((k, best[1]))

@@ -43,11 +43,16 @@ class Views:
     def __init__(self, graph: Graph, use_regions: bool = True) -> None:
         self.graph = graph
         self.regions: Regions = regions(graph) if use_regions else EMPTY
+        self._tensor: dict[str, tuple[str, ...]] = {}
+        self._op: dict[str, tuple[str, ...]] = {}
 
     def tensor(self, name: str) -> tuple[str, ...]:
         """The stored view of tensor ``name``'s dims."""
-        r = self.regions
-        return r.view(self.graph.tensor(name).dim_names, r.tensor_region(name))
+        hit = self._tensor.get(name)
+        if hit is None:
+            r = self.regions
+            hit = self._tensor[name] = r.view(self.graph.tensor(name).dim_names, r.tensor_region(name))
+        return hit
 
     def compute(self, op: Op, dims: Any = None) -> tuple[str, ...]:
         """``dims`` (default: all the op's dims) as the op computes them."""
@@ -57,10 +62,13 @@ class Views:
     def op(self, op: Op) -> tuple[str, ...]:
         """Every search dim ``op``'s plan depends on: its compute view, the stored views of its
         inputs and output, unique, in first-seen order."""
-        names = [*self.compute(op), *self.tensor(op.name)]
-        for i in op.inputs:
-            names += self.tensor(i)
-        return tuple(dict.fromkeys(names))
+        hit = self._op.get(op.name)
+        if hit is None:
+            names = [*self.compute(op), *self.tensor(op.name)]
+            for i in op.inputs:
+                names += self.tensor(i)
+            hit = self._op[op.name] = tuple(dict.fromkeys(names))
+        return hit
 
 
 def conflict_groups(graph: Graph, views: Views | None = None) -> list[frozenset[str]]:

@@ -58,6 +58,16 @@ class WusParam:
     options: list[WusOption]
     ops: set  # ops any of its options touches
 
+    def at(self, index: int) -> list[int]:
+        """Indices of the options for assignment ``index`` of :attr:`dims`."""
+        by = self.__dict__.get("_by_index")
+        if by is None:
+            by = {}
+            for j, o in enumerate(self.options):
+                by.setdefault(o.index, []).append(j)
+            self.__dict__["_by_index"] = by
+        return by.get(index, [])
+
 
 def reduced_axes(tables: Tables, pname: str, axes_of: dict, reduce_ops: list[str] | None = None
                  ) -> tuple[str, ...]:
