@@ -94,21 +94,24 @@ def _graph(args: argparse.Namespace) -> Any:
 
 def _cost_dict(cost: Any) -> dict:
     return {"layout": str(cost.layout), "mesh": str(cost.mesh), "hardware": cost.hardware.name,
-            "time_s": cost.time_s, "compute_s": cost.compute_s, "comm_s": cost.comm_s, "flops": cost.flops,
+            "time_s": cost.time_s, "compute_s": cost.compute_s, "comm_s": cost.comm_s,
+            "exposed_comm_s": cost.exposed_comm_s, "overlapped_comm_s": cost.overlapped_comm_s, "flops": cost.flops,
             "comm_bytes": cost.comm_bytes, "memory_bytes": cost.memory_bytes, "memory": dict(cost.memory),
-            "fits": bool(cost.fits), "mfu": cost.mfu,
+            "fits": bool(cost.fits), "mfu": cost.mfu, "hfu": cost.hfu, "model_flops": cost.model_flops,
             "collectives": [{"kind": c.kind, "bytes": c.bytes, "group_size": c.group_size,
-                             "mesh_axes": list(c.mesh_axes), "op": c.op, "count": c.count, "time_s": c.time_s}
+                             "mesh_axes": list(c.mesh_axes), "op": c.op, "count": c.count, "time_s": c.time_s,
+                             "overlapped": c.overlapped}
                             for c in cost.collectives]}
 
 
 def _cost_rows(names: Sequence[str], costs: Sequence[Any]) -> str:
     from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, text_table
 
-    rows = [(n, short_layout(c.layout, 56), fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_time(c.time_s),
-             fmt_bytes(c.memory_bytes), "yes" if c.fits else "NO", f"{c.mfu:.1%}") for n, c in zip(names, costs)]
-    return text_table(rows, ("name", "layout", "compute", "comm", "time", "memory/device", "fits", "MFU"),
-                      "<<>>>>>>")
+    rows = [(n, short_layout(c.layout, 56), fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_time(c.exposed_comm_s),
+             fmt_time(c.time_s), fmt_bytes(c.memory_bytes), "yes" if c.fits else "NO", f"{c.mfu:.1%}")
+            for n, c in zip(names, costs)]
+    return text_table(rows, ("name", "layout", "compute", "comm", "exposed comm", "time", "memory/device", "fits",
+                             "MFU"), "<<>>>>>>>")
 
 
 def _execution_devices(mesh: Any) -> list:
@@ -167,8 +170,9 @@ def _run_search(args: argparse.Namespace) -> int:
              f"  {str(r.layout) or '(replicated)'}", "",
              text_table([("status", r.status), ("step time", fmt_time(c.time_s)),
                          ("  compute", fmt_time(c.compute_s)), ("  communication", fmt_time(c.comm_s)),
+                         ("  exposed communication", fmt_time(c.exposed_comm_s)),
                          ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {fmt_bytes(args.hardware.hbm_bytes)}"),
-                         ("MFU", f"{c.mfu:.1%}"), ("bound", fmt_time(r.bound)), ("gap", f"{r.gap:.2%}"),
+                         ("MFU", f"{c.mfu:.1%}"), ("HFU", f"{c.hfu:.1%}"), ("bound", fmt_time(r.bound)), ("gap", f"{r.gap:.2%}"),
                          ("solve time", f"{r.solve_time_s:.2f} s"),
                          ("variables / constraints", f"{r.num_variables} / {r.num_constraints}")],
                         ("", ""), "<>")]

@@ -66,7 +66,12 @@ def test_top_level_help_and_version(capsys):
 def test_predict_json_and_table(capsys):
     data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows;hidden:cols"], capsys)
     assert data["layout"] == "batch:rows;hidden:cols" and data["mesh"] == "rows:2,cols:4"
-    assert data["time_s"] == pytest.approx(data["compute_s"] + data["comm_s"])
+    # the step waits for compute and the collectives that do not overlap it (overlap.py)
+    assert data["time_s"] == pytest.approx(data["compute_s"] + data["exposed_comm_s"])
+    hidden = data["comm_s"] - data["exposed_comm_s"]
+    assert -1e-15 <= hidden <= data["overlapped_comm_s"] * (1 + 1e-9) + 1e-15
+    assert data["overlapped_comm_s"] == pytest.approx(
+        sum(c["time_s"] * c["count"] for c in data["collectives"] if c["overlapped"]))
     assert data["hardware"] == "tpu-v3" and data["collectives"]
     code, out, _ = run(["predict", *MLP, *MESH, "--layout", "batch:rows", "--layout", "hidden:cols",
                         "--hardware", "tpu-v4", "--per-op", "3"], capsys)

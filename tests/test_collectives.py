@@ -79,8 +79,8 @@ def test_two_axis_all_reduce_is_hand_phase_sum():
 
 def test_two_axis_all_gather_and_reduce_scatter_hand_sums():
     s = 1e8
-    # gather over 4 (shard s), then over 2 on the 4s result
-    ag = 3 * s / 1e11 + 3e-6 + 1 * (4 * s) / 1e10 + 1e-5
+    # the slow axis gathers first, on the shard s; then the fast axis gathers the 2s result
+    ag = 1 * s / 1e10 + 1e-5 + 3 * (2 * s) / 1e11 + 3e-6
     assert collective_time("all-gather", s, [(4, ICI), (2, DCN)]) == pytest.approx(ag, rel=1e-12)
     v = 8e9
     rs = 3 / 4 * v / 1e11 + 3e-6 + 1 / 2 * (v / 4) / 1e10 + 1e-5
@@ -88,6 +88,31 @@ def test_two_axis_all_gather_and_reduce_scatter_hand_sums():
     # all-to-all: every phase moves the whole local buffer
     a2a = all_to_all_time(v, 4, ICI) + all_to_all_time(v, 2, DCN)
     assert collective_time("all-to-all", v, [(4, ICI), (2, DCN)]) == pytest.approx(a2a, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hierarchical_order_does_not_depend_on_axis_order(kind):
+    # the slow axis carries the least data whichever way the mesh lists the axes
+    v = 8e9
+    assert collective_time(kind, v, [(2, DCN), (4, ICI)]) == pytest.approx(
+        collective_time(kind, v, [(4, ICI), (2, DCN)]), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kind", "slow_bytes"),
+    [("all-reduce", 8e9 / 8), ("reduce-scatter", 8e9 / 8), ("all-gather", 8e9 / 8)],
+    ids=["all-reduce", "reduce-scatter", "all-gather"])
+def test_slow_axis_carries_one_nth_of_the_payload(kind, slow_bytes):
+    # 8 fast devices per node, 2 nodes; the DCN phase alone (infinitely fast ICI) must move
+    # 1/8 of the 8e9-byte tensor per device, as reduce-scatter fast -> all-reduce slow ->
+    # all-gather fast does: all-reduce 2·(1/2)·V/8, reduce-scatter (1/2)·V/8, all-gather of
+    # the V/16 shard over 2 moves V/16 ... here (n-1)·S with S = V/8/2.
+    free = Link(1e30, 0.0)
+    dcn = Link(1e10, 0.0)
+    operand = 8e9 / 16 if kind == "all-gather" else 8e9
+    t = collective_time(kind, operand, [(2, dcn), (8, free)])
+    factor = {"all-reduce": 2 * (2 - 1) / 2, "reduce-scatter": (2 - 1) / 2, "all-gather": (2 - 1) / 2}[kind]
+    assert t == pytest.approx(factor * slow_bytes / 1e10, rel=1e-9)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -157,29 +157,31 @@ _SINGLE_AXIS = {
 
 
 def collective_time(kind: str, operand_bytes: float, groups: Sequence[tuple[int, Link]]) -> float:
-    """Time of a collective spanning several mesh axes, phased axis by axis.
+    """Time of a collective spanning several mesh axes, phased axis by axis, the slow
+    axes carrying the least data (hierarchical collectives).
 
-    ``groups`` lists ``(axis size, link)`` for each mesh axis the collective
-    spans, in order. Axes of size 1 are skipped. With ``n_i`` the sizes:
+    ``groups`` lists ``(axis size, link)`` for each mesh axis the collective spans.
+    Axes of size 1 are skipped. The phases run in the order that keeps the payload on
+    slow links smallest — what NCCL's hierarchical algorithms and XLA's multi-slice
+    collectives do (reduce-scatter inside the node/slice, all-reduce across, all-gather
+    inside; scaling-book GPU chapter, "How to parallelize a Transformer for training"
+    on multi-slice DCN). With ``n_i`` the sizes, faster links (larger bandwidth) first
+    where the payload shrinks, last where it grows; equal links keep the given order:
 
-    * all-gather (operand = local shard ``S``): gather over axis 1, then over
-      axis 2 on the ``S * n_1`` result, and so on; the payload grows by
-      ``n_i`` each phase. With equal links the bandwidth term equals one
-      flat ring over ``prod(n_i)`` devices.
-    * reduce-scatter (operand = local tensor ``V``): scatter over axis 1,
-      then over axis 2 on the ``V / n_1`` shard, and so on.
-    * all-reduce: reduce-scatter over every axis but the last, all-reduce
-      over the last on the ``V / (n_1 ... n_{k-1})`` shard, then all-gather
-      back over the earlier axes in reverse order (the hierarchical scheme
-      of the scaling-book GPU chapter and of NCCL's tree/ring hierarchy).
-      The last axis carries the least data: list a slow (DCN/IB) axis last.
-    * all-to-all (operand = local ``L``): dimension by dimension, an
-      all-to-all of the whole local buffer along each axis in turn (each
-      chunk first moves along axis 1 to the right coordinate, then along
-      axis 2, ...); every phase moves ``L``.
+    * reduce-scatter (operand = local tensor ``V``): scatter over the fastest axis on
+      ``V``, then the next on ``V / n_1``, ...: the slowest axis sees the smallest shard;
+    * all-gather (operand = local shard ``S``): gather over the slowest axis first (on
+      ``S``), then faster ones on the grown result;
+    * all-reduce: reduce-scatter over every axis but the slowest (fastest first),
+      all-reduce over the slowest on ``V / (n_1 ... n_{k-1})``, then all-gather back
+      (reduce-scatter fast → all-reduce slow → all-gather fast);
+    * all-to-all (operand = local ``L``): dimension by dimension, an all-to-all of the
+      whole local buffer along each axis in turn; every phase moves ``L``.
+
+    With equal links the bandwidth term equals one flat ring over ``prod(n_i)`` devices.
 
     >>> ici, dcn = Link(1e11, 0.0), Link(1e10, 0.0)
-    >>> round(collective_time("all-reduce", 8e9, [(4, ici), (2, dcn)]), 6)
+    >>> round(collective_time("all-reduce", 8e9, [(2, dcn), (4, ici)]), 6)
     0.32
     """
     kind = normalize_kind(kind)
@@ -190,22 +192,23 @@ def collective_time(kind: str, operand_bytes: float, groups: Sequence[tuple[int,
     phases = [(int(size), link) for size, link in groups if size > 1]
     if not phases:
         return 0.0
+    fast_first = sorted(phases, key=lambda p: -p[1].bandwidth)  # stable: equal links keep order
     if kind == ALL_GATHER:
         total, size_now = 0.0, float(operand_bytes)
-        for n, link in phases:
+        for n, link in reversed(fast_first):
             total += all_gather_time(size_now, n, link)
             size_now *= n
         return total
     if kind == REDUCE_SCATTER:
         total, size_now = 0.0, float(operand_bytes)
-        for n, link in phases:
+        for n, link in fast_first:
             total += reduce_scatter_time(size_now, n, link)
             size_now /= n
         return total
     if kind == ALL_TO_ALL:
         return sum(all_to_all_time(operand_bytes, n, link) for n, link in phases)
-    # all-reduce: RS down the outer axes, AR on the last, AG back up.
-    *outer, (n_last, link_last) = phases
+    # all-reduce: RS down the fast axes, AR on the slowest, AG back up.
+    *outer, (n_last, link_last) = fast_first
     total, size_now = 0.0, float(operand_bytes)
     for n, link in outer:
         total += reduce_scatter_time(size_now, n, link)

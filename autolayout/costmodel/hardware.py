@@ -144,6 +144,10 @@ class Hardware:
         axis_links: ``(axis name, Link)`` overrides, e.g. a DCN axis. A
             mapping is accepted and converted.
         efficiency: fraction of peak a well-shaped matmul reaches.
+        async_collectives: whether collectives run asynchronously beside compute (XLA's
+            latency-hiding scheduler on TPU and GPU), so that overlappable ones hide
+            behind it (:mod:`~autolayout.costmodel.overlap`); ``False`` prices every
+            collective in line (XLA:CPU, or the synchronous schedule of Mesh-TF's Table 1).
         description: what one device is and how numbers were chosen.
         sources: citations for the numbers.
 
@@ -161,6 +165,7 @@ class Hardware:
     link: Link
     axis_links: tuple[tuple[str, Link], ...] = ()
     efficiency: float = 1.0
+    async_collectives: bool = True
     description: str = ""
     sources: tuple[str, ...] = field(default=())
 
@@ -247,6 +252,7 @@ class Hardware:
             "link": self.link.to_dict(),
             "axis_links": {a: l.to_dict() for a, l in self.axis_links},
             "efficiency": self.efficiency,
+            "async_collectives": self.async_collectives,
             "description": self.description,
             "sources": list(self.sources),
         }
@@ -539,6 +545,9 @@ CPU = Hardware(
         description="placeholder: host-memory copies between virtual CPU devices",
     ),
     efficiency=0.5,
+    # XLA:CPU runs a collective in line on the calling thread (its collectives are
+    # synchronous rendezvous between the device threads): nothing overlaps compute.
+    async_collectives=False,
     description=(
         "PLACEHOLDER for the machine at hand (one JAX CPU device ~ one core). Not a measured "
         "profile: run calibrate and use the profile it writes instead."

@@ -355,8 +355,10 @@ class Planner:
               mv: Moves | None, computed: Placement, out: Placement, out_steps: tuple, out_conv: Any,
               flops: int, nbytes: int, move_list: tuple = (), loop_back: Conversion | None = None,
               reads: Mapping[str, Placement] | None = None, reduced: Placement | None = None) -> OpPlan:
-        # Matmul speed follows the operand dtype (bf16 inputs accumulate in f32 on TPU/GPU).
-        dtype = op.input_dtypes[0] if op.kind == "einsum" and op.input_dtypes else op.output.dtype
+        # Matmul speed follows the operand dtype (bf16 inputs accumulate in f32 on TPU/GPU); with
+        # mixed operands XLA converts to the wider one before the dot, so that one sets the rate.
+        dtype = (max(op.input_dtypes, key=_itemsize) if op.kind == "einsum" and op.input_dtypes
+                 else op.output.dtype)
         temp = sum(c.dst.local_elements(self.sizes, self.mesh) * self.graph.tensor(name).itemsize
                    for name, c in conversions.items() if c.steps)
         return OpPlan(op.name, op.kind, op.multiplicity, op_axes, flat, conversions, mv, computed, out,

@@ -2,26 +2,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 from typing import Any, Iterable
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.hardware import Hardware, get_hardware
 from autolayout.costmodel.memory import peak_memory
+from autolayout.costmodel.overlap import domain_of, forward_ops, overlappable, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
 from autolayout.graph import Graph
 
-__all__ = ["Cost", "predict", "price_plan", "resolve_layout", "layouts_table"]
+__all__ = ["Cost", "predict", "price_plan", "resolve_layout", "layouts_table", "model_flops"]
 
 
 @dataclass(frozen=True)
 class Cost:
     """Per-device predicted cost of one call of the graph (one training step).
 
-    ``time_s = compute_s + comm_s`` (no overlap of compute and communication is
-    assumed: the conservative schedule XLA uses when collectives depend on the
-    op before them). ``collectives`` lists each distinct collective with its
+    ``time_s = Σ_d C_d + E_d + max(0, O_d - C_d)`` over the overlap domains ``d`` (each
+    scan body and the top level; :mod:`~autolayout.costmodel.overlap`): ``compute_s``
+    is ``Σ C_d``, ``comm_s`` every collective's time, ``overlapped_comm_s`` the part of
+    it that may run behind compute (``O``), and ``exposed_comm_s = time_s - compute_s``
+    what the step waits for. ``collectives`` lists each distinct collective with its
     ``count`` per step; ``comm_bytes`` sums operand bytes × count.
+
+    ``model_flops`` counts the model's contractions once per step without recompute
+    (for a training step three times the forward pass's, PaLM appendix B's convention
+    behind 6·N·tokens); ``hardware_flops`` the contraction flops one device executes
+    (recompute included), ``flops`` all its flops (element-wise ops too);
+    :attr:`mfu` and :attr:`hfu` divide them by time × peak of the matmuls' dtype.
     """
 
     time_s: float
@@ -38,17 +49,34 @@ class Cost:
     layout: Layout | None = None
     hardware: Hardware | None = field(default=None, repr=False)
     model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    overlapped_comm_s: float = 0.0
+    matmul_dtype: str = "float32"
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Communication the step waits for: ``time_s - compute_s``."""
+        return self.time_s - self.compute_s
 
     @property
     def mfu(self) -> float:
-        """Model flops utilisation: the graph's model flops over (time × devices × peak)."""
+        """Model flops utilisation: model flops (no recompute) / (time × devices × peak)."""
         if not self.time_s or self.hardware is None or self.mesh is None:
             return 0.0
-        return self.model_flops / (self.time_s * self.mesh.size * self._peak)
+        return self.model_flops / (self.time_s * self.mesh.size * self.peak_flops)
 
     @property
-    def _peak(self) -> float:
-        return self.hardware.peak("bfloat16") if self.hardware else 0.0
+    def hfu(self) -> float:
+        """Hardware flops utilisation: contraction flops one device executes (recompute
+        included) / (time × peak)."""
+        if not self.time_s or self.hardware is None:
+            return 0.0
+        return self.hardware_flops / (self.time_s * self.peak_flops)
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak FLOP/s of one device for the dtype most model flops run in."""
+        return self.hardware.peak(self.matmul_dtype) if self.hardware else 0.0
 
     def summary(self) -> str:
         gib = 2 ** 30
@@ -79,14 +107,22 @@ def price_plan(p: Plan, hardware: Any = "tpu-v3") -> Cost:
 
     hw = get_hardware(hardware)
     graph, mesh = p.graph, p.mesh
+    overlap = overlappable(graph, hw)
     rows, colls = [], []
-    compute = comm = flops = comm_bytes = 0.0
+    compute = comm = flops = comm_bytes = mm_flops = 0.0
+    by_domain: dict[str, list[float]] = {}  # domain -> [compute, exposed, overlapped]
     for op in graph.ops():
-        oc = price(p.ops[op.name], op, mesh, hw)
+        oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
+        dom = by_domain.setdefault(domain_of(op), [0.0, 0.0, 0.0])
+        dom[0] += oc.compute_s * n
+        dom[1] += (oc.comm_s - oc.overlapped_s) * n
+        dom[2] += oc.overlapped_s * n
         compute += oc.compute_s * n
         comm += oc.comm_s * n
         flops += oc.flops * n
+        if op.kind == "einsum" and len(op.inputs) >= 2:
+            mm_flops += oc.flops * n
         comm_bytes += sum(c.bytes for c in oc.collectives) * n
         colls.extend(oc.collectives)
         if op.kind not in SOURCES:
@@ -99,10 +135,30 @@ def price_plan(p: Plan, hardware: Any = "tpu-v3") -> Cost:
     mem_total, breakdown = peak_memory(graph, p.local_bytes, {n: o.temp_bytes for n, o in p.ops.items() if o.temp_bytes})
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
-    return Cost(time_s=compute + comm, compute_s=compute, comm_s=comm, flops=flops, comm_bytes=comm_bytes,
+    time_s = step_time(*({d: v[i] for d, v in by_domain.items()} for i in range(3)))
+    model, dtype = model_flops(graph)
+    return Cost(time_s=time_s, compute_s=compute, comm_s=comm, flops=flops, comm_bytes=comm_bytes,
                 memory_bytes=mem_total, memory=breakdown, collectives=tuple(colls),
                 fits=mem_total <= hw.hbm_bytes, per_op=per_op, mesh=mesh, layout=p.layout, hardware=hw,
-                model_flops=float(graph.flops()))
+                model_flops=model, hardware_flops=mm_flops, overlapped_comm_s=sum(v[2] for v in by_domain.values()),
+                matmul_dtype=dtype)
+
+
+def model_flops(graph: Graph) -> tuple[float, str]:
+    """``(model flops per call, dtype most of them run in)``: the contractions of the
+    forward pass (the ops the graph's forward outputs depend on), times three for a
+    training step (each forward matmul has two backward ones: PaLM, Chowdhery et al.
+    2022, appendix B, "6N + 12LHQT" per token), so recomputation never counts. A graph
+    without parameter gradients counts its contractions as they are."""
+    fwd = forward_ops(graph)
+    train = any(r.grad for r in graph.param_roles.values())
+    by_dtype: dict[str, float] = {}
+    for op in graph.ops():
+        if op.kind == "einsum" and len(op.inputs) >= 2 and (op.name in fwd or not train):
+            dt = max(op.input_dtypes, key=lambda d: np.dtype(d).itemsize) if op.input_dtypes else op.output.dtype
+            by_dtype[dt] = by_dtype.get(dt, 0.0) + op.flops() * op.multiplicity
+    total = sum(by_dtype.values()) * (3 if train else 1)
+    return total, (max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32")
 
 
 def layouts_table(graph: Graph, mesh: Any, layouts: Iterable[Any], hardware: Any = "tpu-v3") -> Any:

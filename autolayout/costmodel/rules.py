@@ -17,18 +17,19 @@ alone, priced here — what ``predict`` sums for a layout without update shards.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from autolayout.core import Dim, Mesh
-from autolayout.costmodel.collectives import collective_time
+from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, OpPlan, Planner, check_op
 from autolayout.costmodel.regions import Regions
 from autolayout.graph import Op
 
-__all__ = ["Collective", "OpCost", "op_cost", "price", "collective", "check_op", "REDUCING"]
+__all__ = ["Collective", "OpCost", "op_cost", "price", "phases", "collective", "check_op", "REDUCING"]
 
 AxesOf = Mapping[str, tuple[str, ...]]
 
@@ -50,6 +51,7 @@ class Collective:
     time_s: float = 0.0
     tensor: str = ""
     dim: str = ""
+    overlapped: bool = False  # may run behind compute (:mod:`~autolayout.costmodel.overlap`)
 
     def __str__(self) -> str:
         times = f" x{self.count}" if self.count != 1 else ""
@@ -60,7 +62,9 @@ class Collective:
 
 @dataclass(frozen=True)
 class OpCost:
-    """Per-device cost of one execution of an op."""
+    """Per-device cost of one execution of an op. ``comm_s`` is every collective's time,
+    ``overlapped_s`` the part of it that may run behind compute (see
+    :mod:`~autolayout.costmodel.overlap`; ``time_s`` is the op alone, without overlap)."""
 
     op: str
     local_shape: tuple[Dim, ...]
@@ -69,40 +73,83 @@ class OpCost:
     compute_s: float
     collectives: tuple[Collective, ...]
     comm_s: float
+    overlapped_s: float = 0.0
 
     @property
     def time_s(self) -> float:
         return self.compute_s + self.comm_s
 
 
-def collective(step: Step, op: str, count: int, mesh: Mesh, hw: Hardware) -> Collective:
-    """A plan step priced: ``collective_time`` over the links of its mesh axes."""
+def collective(step: Step, op: str, count: int, mesh: Mesh, hw: Hardware,
+               overlap: Collection[str] = ()) -> Collective:
+    """A plan step priced: ``collective_time`` over the links of its mesh axes; it may
+    overlap compute when its tensor is in ``overlap`` (:func:`~.overlap.overlappable`)."""
     groups = [(mesh.axis_size(a), hw.link_for(a)) for a in step.axes]
     return Collective(step.kind, int(step.bytes), step.group_size, step.axes, op, count,
-                      collective_time(step.kind, step.bytes, groups), step.tensor, step.dim)
+                      collective_time(step.kind, step.bytes, groups), step.tensor, step.dim,
+                      step.tensor in overlap)
 
 
-def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware) -> OpCost:
-    """Per-device cost of one execution of the op planned as ``p``."""
-    colls = tuple(collective(s, p.op, p.count, mesh, hw) for s in p.steps)
+def phases(step: Step, mesh: Mesh, hw: Hardware, itemsize: int) -> tuple[Step, ...]:
+    """A plan step as the collectives that run it on ``hw``: a summing all-reduce over mesh
+    axes with different links becomes reduce-scatter over the fast axes → all-reduce over
+    the slowest ones → all-gather over the fast axes (NCCL's and XLA multi-slice's
+    hierarchical all-reduce; :func:`~.collectives.collective_time` prices the same
+    phases), on the tensor flattened and padded to a multiple of the fast group (the
+    padding is in ``pad_bytes``); every other step runs as it is. The cost model prices
+    these collectives and the shard_map lowering executes them.
+
+    >>> from autolayout.costmodel.hardware import SLOW_LINKS, get_hardware
+    >>> hw = get_hardware("h100").with_axis_link("node", SLOW_LINKS["h100"])
+    >>> mesh = Mesh.parse("node:2,gpu:4")
+    >>> [str(s) for s in phases(Step("all-reduce", "g", ("node", "gpu"), 8, 40), mesh, hw, 4)]
+    ['reduce-scatter(g: 48B over gpu[4])', 'all-reduce(g: 12B over node[2])', 'all-gather(g: 12B over gpu[4])']
+    """
+    axes = [a for a in step.axes if mesh.axis_size(a) > 1]
+    if step.kind != ALL_REDUCE or step.reduce != "sum" or len(axes) < 2:
+        return (step,)
+    bw = {a: hw.link_for(a).bandwidth for a in axes}
+    slowest = min(bw.values())
+    fast = tuple(a for a in step.axes if a in bw and bw[a] > slowest)
+    slow = tuple(a for a in step.axes if a in bw and bw[a] == slowest)
+    if not fast:
+        return (step,)
+    n_fast = math.prod(mesh.axis_size(a) for a in fast)
+    n_slow = math.prod(mesh.axis_size(a) for a in slow)
+    elements = -(-step.bytes // itemsize)
+    padded = -(-elements // n_fast) * n_fast * itemsize
+    shard = padded // n_fast
+    return (Step(REDUCE_SCATTER, step.tensor, fast, n_fast, padded, "", padded - step.bytes),
+            Step(ALL_REDUCE, step.tensor, slow, n_slow, shard),
+            Step(ALL_GATHER, step.tensor, fast, n_fast, shard))
+
+
+def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection[str] = ()) -> OpCost:
+    """Per-device cost of one execution of the op planned as ``p``; ``overlap`` holds the
+    tensors whose collectives may overlap compute (:func:`~.overlap.overlappable`)."""
+    itemsize = graph_op.output.itemsize
+    colls = tuple(collective(ph, p.op, p.count, mesh, hw, overlap)
+                  for s in p.steps for ph in phases(s, mesh, hw, itemsize))
     peak = hw.peak(p.dtype) * hw.efficiency
     compute = max(p.flops / peak if peak else 0.0, p.hbm_bytes / hw.hbm_bandwidth)
     sizes = _sizes(graph_op)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
-    return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls))
+    return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
+                  sum(c.time_s for c in colls if c.overlapped))
 
 
 def _sizes(op: Op) -> dict[str, int]:
     return {d.name: d.size for d in op.dims}
 
 
-def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions | None = None) -> OpCost:
+def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions | None = None,
+            overlap: Collection[str] = ()) -> OpCost:
     """Per-device cost of one execution of ``op`` when each dim ``d`` is split over
     ``axes_of[d]`` (missing = unsplit; ``d@norm`` where the norm region of ``regions`` has
     it) and every tensor is stored as those rules say. Only the op's own dims are read, so
     the search can cost each signature class once per assignment."""
     planner = Planner(_OpGraph(op), mesh, axes_of, regions=regions)
-    return price(planner.op_plan(op), op, mesh, hw)
+    return price(planner.op_plan(op), op, mesh, hw, overlap)
 
 
 class _OpGraph:

@@ -32,6 +32,7 @@ import numpy as np
 
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER, Conversion, Moves, Placement
 from autolayout.costmodel.plan import LoweringError
+from autolayout.costmodel.rules import phases
 from autolayout.graph import align
 
 
@@ -68,7 +69,10 @@ def same_vma(args: list) -> list:
 
 
 class LocalOps:
-    """Per-kind local rules; needs ``g``, ``mesh`` and ``nsplit`` from the program."""
+    """Per-kind local rules; needs ``g``, ``mesh`` and ``nsplit`` from the program, and
+    ``hw`` (the hardware whose links decide hierarchical all-reduces; ``None``: none)."""
+
+    hw: Any = None
 
     # ------------------------------------------------------------ helpers
     def mesh_order(self, axes: Any) -> tuple[str, ...]:
@@ -270,7 +274,10 @@ class LocalOps:
                     x = lax.psum_scatter(x, axis_name(extra), scatter_dimension=dims.index(s.dim), tiled=True)
             elif s.kind == ALL_REDUCE:
                 name = axis_name(s.axes)
-                if s.reduce == "sum":
+                parts = phases(s, self.mesh, self.hw, np.dtype(x.dtype).itemsize) if self.hw else (s,)
+                if len(parts) > 1:
+                    x = self.hierarchical_psum(x, parts)
+                elif s.reduce == "sum":
                     x = lax.psum(x, name)
                 elif s.reduce in ("max", "min"):
                     x = (lax.pmax if s.reduce == "max" else lax.pmin)(x, name)
@@ -282,6 +289,24 @@ class LocalOps:
             else:
                 raise LoweringError(f"internal: {s.kind} is not a reduction step")
         return x
+
+    def hierarchical_psum(self, x: Any, parts: tuple) -> Any:
+        """``psum`` as :func:`~autolayout.costmodel.rules.phases` runs it: the flattened,
+        padded tensor reduce-scattered over the fast axes, all-reduced over the slow ones,
+        all-gathered back over the fast axes; the padding cut."""
+        import jax.numpy as jnp
+        from jax import lax
+
+        rs, ar, ag = parts
+        shape, n = x.shape, int(np.prod(x.shape))
+        flat = x.reshape(-1)
+        pad = -n % rs.group_size
+        if pad:
+            flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
+        flat = lax.psum_scatter(flat, axis_name(rs.axes), scatter_dimension=0, tiled=True)
+        flat = lax.psum(flat, axis_name(ar.axes))
+        flat = lax.all_gather(flat, axis_name(ag.axes), axis=0, tiled=True, to="invarying")
+        return flat[:n].reshape(shape)
 
     # --------------------------------------------------- flattened shards
     def flatten_pad(self, x: Any, dims: tuple, p: Placement) -> Any:

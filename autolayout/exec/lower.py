@@ -50,9 +50,10 @@ class ShardProgram(Interpreter, LocalOps):
     :meth:`from_step` (separate shard_maps, outside the step).
     """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, hardware: Any = None) -> None:
         super().__init__(plan.graph)
         self.plan = plan
+        self.hw = hardware  # its links split all-reduces hierarchically (rules.phases)
         self.mesh = plan.mesh
         self.out_tensors = tuple(dict.fromkeys(s.tensor for s in self.g.outputs if s.tensor is not None))
         self.in_specs = tuple(self.spec(n) for n in self.g.input_names)

@@ -365,7 +365,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     from jax.sharding import NamedSharding
 
     from autolayout.exec.lower import ShardProgram
-    prog = ShardProgram(the_plan)
+    prog = ShardProgram(the_plan, hw)
     if args is None:
         args = make_args(graph, seed, [NamedSharding(jmesh, prog.spec(n, layout=True)) for n in graph.input_names])
     leaves = check_args(graph, args)

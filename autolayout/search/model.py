@@ -127,6 +127,11 @@ class LayoutModel:
         self.obj_coefs: list[int] = []
         self.coef: dict[tuple[str, ...], np.ndarray] = {}  # integer objective coefficients per group
         self.wcoef: dict[tuple[int, int], int] = {}
+        # overlap rows (overlap.py): per domain its slack variable, constant and coefficients
+        self.slack: dict[str, Any] = {}
+        self.over_const: dict[str, int] = {}
+        self.over_coef: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+        self.over_wcoef: dict[tuple[str, int, int], int] = {}
         self._proj: dict[tuple, np.ndarray] = {}
         self.pruned = 0
         if time_objective:
@@ -174,17 +179,40 @@ class LayoutModel:
         # Fold every group into the largest group containing its dims: y of a subset is a
         # function of y of the superset, so one one-hot per maximal group carries all the
         # cost (fewer variables, tighter LP relaxation).
-        groups = [g for g in self.tables.groups.values() if g.classes and g.time.max() > g.time.min()]
-        self.constant_s = sum(float(g.time.min()) for g in self.tables.groups.values()
-                              if g.classes and not g.time.max() > g.time.min())
+        tables = self.tables
+        live = [g for g in tables.groups.values() if g.classes]
+
+        def varies(a: np.ndarray) -> bool:
+            return bool(a.max() > a.min())
+
+        groups = [g for g in live if varies(g.time) or any(varies(o) for o in g.over.values())]
+        self.constant_s = sum(float(g.time.min()) for g in live if g not in groups)
         maximal = [g.dims for g in groups if not any(set(g.dims) < set(h.dims) for h in groups)]
-        folded: dict[tuple[str, ...], np.ndarray] = {h: np.zeros(len(self.tables.group(h).assignments))
-                                                     for h in maximal}
-        for g in groups:
-            h = self.host(g.dims, maximal)
-            folded[h] += g.time[self.project(h, g.dims)] if h != g.dims else g.time
+
+        def fold(arrays: list[tuple[tuple[str, ...], np.ndarray]]) -> dict[tuple[str, ...], np.ndarray]:
+            out = {h: np.zeros(len(tables.group(h).assignments)) for h in maximal}
+            for dims, a in arrays:
+                h = self.host(dims, maximal)
+                out[h] += a[self.project(h, dims)] if h != dims else a
+            return out
+
+        folded = fold([(g.dims, g.time) for g in groups])
+        domains = sorted({d for g in live for d in g.over} | {d for p in self.wus for o in p.options for d in o.dover})
+        over_const = {d: sum(float(g.over[d].min()) for g in live if g not in groups and d in g.over)
+                      for d in domains}
+        over = {d: fold([(g.dims, g.over[d]) for g in groups if d in g.over]) for d in domains}
+        # the most the overlap term of a domain can add (its upper bound), to drop domains that
+        # never expose anything and to scale the integer objective
+        over_ub = {}
+        for d in domains:
+            hi = over_const[d] + sum(float(t.max()) for t in over[d].values())
+            hi += sum(max((o.dover.get(d, 0.0) for o in p.options), default=0.0) for p in self.wus
+                      if any(o.dover.get(d, 0.0) > 0 for o in p.options))
+            over_ub[d] = hi
+        domains = [d for d in domains if over_ub[d] > 0]
         excess = sum(float(t.max() - t.min()) for t in folded.values())
         excess += sum(abs(o.dtime) for p in self.wus for o in p.options)
+        excess += sum(over_ub[d] for d in domains)
         self.unit = 10.0 ** math.ceil(math.log10(excess / RESOLUTION)) if excess > 0 else 1e-12
         terms = []
         for dims in sorted(folded):
@@ -205,6 +233,41 @@ class LayoutModel:
                 if c:
                     terms.append((c, wk[j]))
                     self.terms += 1
+        # overlap (overlap.py): s_d >= Σ (overlappable - compute) of domain d, s_d >= 0
+        for d in domains:
+            row_vars, row_coefs = [], []
+            const = int(round(over_const[d] / self.unit))
+            for dims in sorted(over[d]):
+                # per host its minimum goes to the constant (the one-hot picks one entry), so
+                # the coefficients are >= 0 as in the objective
+                lo = float(over[d][dims].min())
+                const += int(round(lo / self.unit))
+                coef = np.rint((over[d][dims] - lo) / self.unit).astype(np.int64)
+                if not coef.any():
+                    continue
+                ys = self.onehot(dims)
+                self.over_coef[d, dims] = coef
+                for c, v in zip(coef, ys):
+                    if isinstance(v, int):
+                        const += int(c) * v
+                    elif c:
+                        row_vars.append(v)
+                        row_coefs.append(int(c))
+                self.terms += 1
+            for k, (p, wk) in enumerate(zip(self.wus, self.w)):
+                for j, opt in enumerate(p.options):
+                    c = int(round(opt.dover.get(d, 0.0) / self.unit))
+                    if c:
+                        self.over_wcoef[d, k, j] = c
+                        row_vars.append(wk[j])
+                        row_coefs.append(c)
+                        self.terms += 1
+            self.over_const[d] = const
+            ub = max(1, int(math.ceil(over_ub[d] / self.unit)) + self.terms)
+            s_d = self.model.NewIntVar(0, ub, f"overlap[{d or 'top'}]")
+            self.model.Add(s_d >= cp_model.LinearExpr.WeightedSum(row_vars, row_coefs) + const)
+            self.slack[d] = s_d
+            terms.append((1, s_d))
         self.obj_vars = [v for _, v in terms]
         self.obj_coefs = [c for c, _ in terms]
         self.objective = cp_model.LinearExpr.WeightedSum(self.obj_vars, self.obj_coefs) if terms else 0
@@ -212,8 +275,15 @@ class LayoutModel:
 
     def units(self, point: Decoded) -> int:
         """Integer objective of ``point``."""
-        total = sum(int(c[self.tables.restrict(point.axes_of, dims)]) for dims, c in self.coef.items())
-        return total + sum(self.wcoef[k, j] for k, j in point.active)
+        restrict = self.tables.restrict
+        total = sum(int(c[restrict(point.axes_of, dims)]) for dims, c in self.coef.items())
+        total += sum(self.wcoef[k, j] for k, j in point.active)
+        for d in self.slack:
+            row = self.over_const[d] + sum(int(c[restrict(point.axes_of, dims)])
+                                           for (dd, dims), c in self.over_coef.items() if dd == d)
+            row += sum(self.over_wcoef.get((d, k, j), 0) for k, j in point.active)
+            total += max(0, row)
+        return total
 
     def lower_units(self) -> int:
         """A lower bound of the objective: every one-hot block at its minimum."""
@@ -349,7 +419,11 @@ class LayoutModel:
         lexicographic tie-break of solver.py; returns it and ``var -> its copy``."""
         m2 = self.model.clone()
 
+        ints = {v.Index() for v in self.slack.values()}
+
         def twin(v: Any) -> Any:
+            if v.Index() in ints:
+                return m2.get_int_var_from_proto_index(v.Index())
             return m2.get_bool_var_from_proto_index(v.Index())
 
         if self.obj_vars:
@@ -376,14 +450,23 @@ class LayoutModel:
 
 
 def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:
-    """Predicted seconds per step of ``point`` from the tables (exact up to float summation order)."""
+    """Predicted seconds per step of ``point`` from the tables (exact up to float summation
+    order): the compute and exposed collectives, plus per overlap domain what its
+    overlappable collectives add beyond its compute (:func:`~autolayout.costmodel.overlap.step_time`)."""
     total = 0.0
+    over: dict[str, float] = {}
     for g in tables.groups.values():
         if g.classes:
-            total += float(g.time[tables.restrict(point.axes_of, g.dims)])
+            i = tables.restrict(point.axes_of, g.dims)
+            total += float(g.time[i])
+            for d, a in g.over.items():
+                over[d] = over.get(d, 0.0) + float(a[i])
     for k, j in point.active:
-        total += wus[k].options[j].dtime
-    return total
+        o = wus[k].options[j]
+        total += o.dtime
+        for d, v in o.dover.items():
+            over[d] = over.get(d, 0.0) + v
+    return total + sum(max(0.0, v) for v in over.values())
 
 
 def canonical_columns(tables: Tables, axes_of: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:

@@ -66,6 +66,13 @@ class Solved:
     peak_bytes: int = 0
 
 
+# While no layout that fits the memory limit is known, each CP-SAT call is capped at
+# max(PROBE_S, PROBE_SHARE x the time limit) (a judgement: long enough for CP-SAT to find
+# good incumbents on GPT-3-sized models, short enough to leave most of the budget).
+PROBE_S = 5.0
+PROBE_SHARE = 0.1
+
+
 def _solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = max(seconds, 0.01)
@@ -205,20 +212,28 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
     points = live_points(tables.graph) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
     hint = greedy(tables, wus)
-    if not points or peak_of(points, sizes_of(tables, wus, hint))[0] <= limit:
+    pruned = not points or peak_of(points, sizes_of(tables, wus, hint))[0] <= limit
+    if pruned:
         lm.prune(lm.units(hint))  # the warm start satisfies every constraint: its objective bounds
     notes: list[str] = []
     solve_s = 0.0
+    probe = max(PROBE_S, PROBE_SHARE * time_limit_s)
     while True:
         left = time_limit_s - (time.perf_counter() - start)
         lm.hint(hint)
-        solver = _solver(left, workers, seed)
+        # Until a layout that fits is known, the model cannot be pruned and proving optimality
+        # can take long: solve briefly, check the incumbent's memory, and either add the row it
+        # violates or, once one fits, prune with its objective (a sound bound) and go on.
+        solver = _solver(left if pruned else min(left, probe), workers, seed)
         code = solver.Solve(lm.model)
         solve_s += solver.WallTime()
         status = _status(code, lm.model)
         if status == "INFEASIBLE":
             peak, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, peak, point))
+        if status == "UNKNOWN" and not pruned and time.perf_counter() - start < time_limit_s:
+            probe *= 2  # no incumbent within the probe: give CP-SAT longer
+            continue
         if status == "UNKNOWN":  # time limit before any solution: fall back to the warm start
             point = hint
             obj = evaluate_time(tables, wus, point)
@@ -244,7 +259,17 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             break
         sizes = sizes_of(tables, wus, point)
         peak, at = peak_of(points, sizes)
-        if peak <= limit or status != "OPTIMAL" and time.perf_counter() - start >= time_limit_s:
+        out_of_time = time.perf_counter() - start >= time_limit_s
+        if status == "FEASIBLE" and not pruned and not out_of_time:
+            if peak <= limit:  # a layout that fits: its objective bounds every optimum
+                lm.prune(lm.units(point))
+                pruned = True
+            elif not lm.add_memory_row(points[at], limit):
+                peak, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+                raise SearchError(_memory_message(tables, wus, memory_limit, peak, best))
+            hint = point
+            continue
+        if peak <= limit or status != "OPTIMAL" and out_of_time:
             if peak > limit:
                 notes.append(f"time limit reached with peak memory {peak} B above the limit {limit} B")
             break

@@ -29,12 +29,13 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.overlap import domain_of, overlappable
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
 
-__all__ = ["Group", "Tables"]
+__all__ = ["Group", "Tables", "split"]
 
 
 @dataclass
@@ -44,8 +45,10 @@ class Group:
     dims: tuple[str, ...]
     assignments: list[Assignment]
     index: dict[Assignment, int]
-    time: np.ndarray  # seconds per step, Σ_c k_c · op_cost(c, a).time_s, per assignment
+    time: np.ndarray  # seconds per step, Σ_c k_c · (compute + exposed comm), per assignment
     classes: list = field(default_factory=list)  # (representative op, count)
+    # per overlap domain: Σ_c k_c · (overlappable comm - compute), per assignment
+    over: dict = field(default_factory=dict)
 
     def axes_of(self, i: int) -> dict[str, tuple[str, ...]]:
         return {d: ax for d, ax in zip(self.dims, self.assignments[i]) if ax}
@@ -81,6 +84,7 @@ class Tables:
         self._sig: dict[str, tuple] = {}
         self._tdims: dict[str, tuple[str, ...]] = {}
         self.rank = {n: i for i, n in enumerate(graph.order)}
+        self.overlap = overlappable(graph, hw)
         self.op_cost_calls = 0
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
@@ -89,7 +93,8 @@ class Tables:
             for name in c.ops:
                 op = graph.op(name)
                 key = (c.signature, self.views.op(op), self.regions.op_region(name),
-                       self.regions.tensor_region(name), tuple(self.regions.tensor_region(i) for i in op.inputs))
+                       self.regions.tensor_region(name), tuple(self.regions.tensor_region(i) for i in op.inputs),
+                       domain_of(op), self._overlaps(op))
                 if key in classes:
                     classes[key][1] += op.multiplicity
                 else:
@@ -103,12 +108,15 @@ class Tables:
                 g.time = np.zeros(len(keys))
                 for op, k in g.classes:
                     sig = self._signature(op)
-                    seen: dict[tuple, float] = {}
+                    over = g.over.setdefault(domain_of(op), np.zeros(len(keys)))
+                    seen: dict[tuple, tuple[float, float]] = {}
                     for i, (key, a) in enumerate(zip(keys, g.assignments)):
                         t = seen.get(key)
                         if t is None:
-                            t = seen[key] = self._cost(op, sig, key, g.dims, a).time_s
-                        g.time[i] += k * t
+                            oc = self._cost(op, sig, key, g.dims, a)
+                            t = seen[key] = split(oc)
+                        g.time[i] += k * t[0]
+                        over[i] += k * t[1]
 
     # -- groups -----------------------------------------------------------------------
     def group(self, dims: tuple[str, ...]) -> Group:
@@ -125,13 +133,17 @@ class Tables:
         return tuple(tuple(sorted(tuple(i for i, ax in enumerate(a) if m in ax) for m in sym))
                      for sym in self.symmetric)
 
+    def _overlaps(self, op: Op) -> tuple[bool, ...]:
+        """Which of the op's output and inputs may have their collectives overlapped."""
+        return tuple(t in self.overlap for t in (op.name, *op.inputs))
+
     def _signature(self, op: Op) -> tuple:
         hit = self._sig.get(op.name)
         if hit is None:
             view = self.space.order(self.views.op(op))
             regs = (self.regions.op_region(op.name), self.regions.tensor_region(op.name),
                     tuple(self.regions.tensor_region(i) for i in op.inputs))
-            hit = self._sig[op.name] = ((op.signature(), view, regs), view)
+            hit = self._sig[op.name] = ((op.signature(), view, regs, self._overlaps(op)), view)
         return hit
 
     def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
@@ -139,7 +151,7 @@ class Tables:
         if hit is None:
             self.op_cost_calls += 1
             hit = self._op_cache[sig[0], key] = op_cost(op, {d: ax for d, ax in zip(dims, a) if ax},
-                                                        self.fast_mesh, self.hw, self.regions)
+                                                        self.fast_mesh, self.hw, self.regions, self.overlap)
         return hit
 
     def op_cost(self, op: Op, dims: tuple[str, ...], a: Assignment) -> OpCost:
@@ -182,6 +194,12 @@ class Tables:
         without an entry has its base dim's axes, as a layout without its region rule)."""
         base = self.space.base
         return self.group(dims).index[tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in dims)]
+
+
+def split(oc: OpCost) -> tuple[float, float]:
+    """``(compute + exposed comm, overlappable comm - compute)`` of one op execution: the
+    two linear parts of :func:`~autolayout.costmodel.overlap.step_time`."""
+    return oc.compute_s + oc.comm_s - oc.overlapped_s, oc.overlapped_s - oc.compute_s
 
 
 def mesh_order(mesh: Mesh, axes) -> tuple[str, ...]:

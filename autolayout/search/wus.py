@@ -13,8 +13,10 @@ reads a tensor the option may store differently. For every valid assignment ``a`
 of ``D_p`` the plan itself (:func:`~autolayout.costmodel.storage.storage_shards`)
 builds the shard, and this module records
 
-* ``dtime`` — per-step time change: the priced plans of every op the shard
-  touches (:class:`~autolayout.costmodel.plan.Planner` with the shard, minus
+* ``dtime`` and ``dover`` — per-step change of the two linear parts of the step time
+  (:func:`~autolayout.search.tables.split`: compute + exposed collectives, and per
+  overlap domain overlappable collectives − compute): the priced plans of every op the
+  shard touches (:class:`~autolayout.costmodel.plan.Planner` with the shard, minus
   without), times their multiplicities — reduce-scatters, sharded update compute,
   all-gathers of the weights once per step or per use — exactly as ``predict``
   sums them;
@@ -29,7 +31,7 @@ zoo's optimizers) are left whole, since ``predict`` would not add their effects.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, Layout, LayoutError
 from autolayout.costmodel.plan import Planner
@@ -37,7 +39,8 @@ from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shards
 from autolayout.graph import Graph
 from autolayout.search.liveness import transient
-from autolayout.search.tables import Tables, mesh_order
+from autolayout.costmodel.overlap import domain_of
+from autolayout.search.tables import Tables, mesh_order, split
 
 __all__ = ["WusOption", "WusParam", "wus_options", "option_dims", "touched"]
 
@@ -49,6 +52,7 @@ class WusOption:
     dtime: float  # seconds per step (negative = faster)
     dbytes: dict  # tensor name (or transient(op)) -> change of its local bytes
     stage: int = 1
+    dover: dict = field(default_factory=dict)  # overlap domain -> change of (overlappable - compute)
 
 
 @dataclass
@@ -150,17 +154,22 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
             sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
             dtime = 0.0
             dbytes = {}
+            dover: dict[str, float] = {}
             for name in sorted(ops, key=tables.rank.__getitem__):
                 op = graph.op(name)
                 key = _delta_key(tables, sh, op, axes_of)
                 hit = deltas.get(key)
                 if hit is None:  # the op's time with the shard minus under the rules alone
                     plan = sharded.op_plan(op)
-                    base_t = tables.op_cost(op, dims, g.assignments[index]).time_s
-                    hit = deltas[key] = (price(plan, op, mesh, hw).time_s - base_t, plan.temp_bytes)
+                    new = split(price(plan, op, mesh, hw, tables.overlap))
+                    old = split(tables.op_cost(op, dims, g.assignments[index]))
+                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1], plan.temp_bytes)
                 dtime += hit[0] * op.multiplicity
                 if hit[1]:
-                    dbytes[transient(name)] = hit[1]
+                    dom = domain_of(op)
+                    dover[dom] = dover.get(dom, 0.0) + hit[1] * op.multiplicity
+                if hit[2]:
+                    dbytes[transient(name)] = hit[2]
             for n in sh.stored:
                 op = graph.op(n)
                 if op.hbm and not op.hbm[-1]:
@@ -168,11 +177,12 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
                 diff = sharded.local_bytes(n) - _rules_bytes(tables, n, axes_of)
                 if diff:
                     dbytes[n] = int(diff)
-            sig = (round(dtime, 15), tuple(sorted(dbytes.items())))
+            sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
+                   tuple(sorted((d, round(v, 15)) for d, v in dover.items())))
             if sig in seen and seen[sig][0] == U:
                 continue  # the same effect as a lower stage (e.g. no stacked gradient to defer)
             seen[sig] = (U, stage)
-            out.append((WusOption(index, U, dtime, dbytes, stage), ops))
+            out.append((WusOption(index, U, dtime, dbytes, stage, dover), ops))
     return out
 
 
@@ -241,7 +251,7 @@ def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
             first = candidate_axes(tables, reduced_axes(tables, t.name, group.axes_of(res[0][0].index)))
             for o, _ in res:
                 U = cands[first.index(o.axes)]
-                options.append(WusOption(i, U, o.dtime, o.dbytes, o.stage))
+                options.append(WusOption(i, U, o.dtime, o.dbytes, o.stage, o.dover))
         if options:
             out.append(WusParam(t.name, dims, options, ops))
     # parameters whose options touch a common op are not additive in predict: leave them out

@@ -1,0 +1,150 @@
+"""Published anchors (issue 12): predicted MFU of published training runs next to the figure.
+
+For every run of ``autolayout.reporting.published_runs`` with a published MFU, trace the
+zoo model, and on the published mesh (its slow axis given the data-centre / InfiniBand
+link of ``SLOW_LINKS``) predict
+
+* the layout the publication used, written in autolayout's syntax (``PUBLISHED_LAYOUT``);
+* the layout the search finds under the device's memory;
+
+with the step time and MFU (model flops without recompute over time x devices x the
+bf16/f32 peak), beside the published MFU. Writes ``reports/published/README.md``.
+
+Run: ``PYTHONPATH=$PWD python benchmarks/published.py [name ...] [--no-search]``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from autolayout import models
+from autolayout.costmodel import predict
+from autolayout.costmodel.hardware import SLOW_LINKS, get_hardware
+from autolayout.reporting.published_runs import RUNS
+from autolayout.search import SearchError, search
+
+GIB = 2**30
+OUT = Path(__file__).resolve().parent.parent / "reports" / "published" / "README.md"
+
+# The publication's own parallelism in autolayout's syntax (sources in published_runs.py):
+# None where the layout language cannot express it (pipeline stages).
+PUBLISHED_LAYOUT = {
+    # Mesh-TF §9: batch over the 16-way dim, vocab/d_ff/heads over the 32-way one
+    "mtf-4.9b-tpuv2-512": "batch:rows;vocab:cols;d_ff:cols;heads:cols",
+    # MaxText v5p scripts: ici_tensor_parallelism 4 / 8, FSDP over the rest (batch too),
+    # remat_policy minimal (= autolayout's dots: matmul outputs saved); with
+    # kv_heads == heads the zoo llama names the head dim kv_heads
+    "maxtext-32b-v5p-128": "kv_heads:x;d_ff:x;vocab:x;batch:y,z|*:y,z@3;remat=dots",
+    "maxtext-128b-v5p-256": "kv_heads:z;d_ff:z;vocab:z;batch:x,y|*:x,y@3;remat=dots",
+    # PaLM §4: 12-way model parallel, 256-way FSDP in a pod, data parallel over the pods
+    # (vocabulary 256000 is not a multiple of 12: left unsplit); remat policy unpublished:
+    # HFU/MFU = 57.8/46.2 = 1.25 is near full remat's 4/3
+    "palm-540b-v4-6144": "heads:x;d_ff:x;batch:dcn,y,z|*:y,z@3;remat=full",
+    # llm-foundry: FULL_SHARD over all 64 GPUs
+    "mpt-70b-h100-64": "batch:node,gpu|*:node,gpu@3",
+    # Megatron GPT-3 and NeMo LLaMA-2 use pipeline parallelism: not expressible
+    "megatron-gpt3-175b-h100-96": None,
+    "megatron-gpt3-175b-h100-4608": None,
+    "nemo-llama2-70b-h100-64-fp8": None,
+}
+
+
+def hardware(run):
+    hw = get_hardware(run.hardware)
+    if run.slow_axis:
+        hw = hw.with_axis_link(run.slow_axis, SLOW_LINKS[hw.name])
+    return hw
+
+
+def published_mfu(run) -> float | None:
+    return run.mfu.value if run.mfu is not None else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("names", nargs="*", default=[n for n, r in RUNS.items() if r.kind == "published"])
+    ap.add_argument("--no-search", action="store_true", help="predict the published layouts only")
+    ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.names:
+        run = RUNS[name]
+        mesh = run.mesh.value
+        hw = hardware(run)
+        t0 = time.perf_counter()
+        g = getattr(models, run.model.fn)(**run.zoo_kwargs())
+        trace_s = time.perf_counter() - t0
+        pub = published_mfu(run)
+        row = {"name": name, "title": run.title, "mesh": mesh, "hw": hw.name, "pub": pub,
+               "source": run.mfu.source if run.mfu else "", "trace_s": trace_s}
+        lay = PUBLISHED_LAYOUT.get(name)
+        print(f"\n== {name}: {run.title} on {mesh} ({hw.name}), traced in {trace_s:.1f} s", flush=True)
+        if lay is None:
+            row["own"] = "pipeline parallelism: not expressible"
+        else:
+            c = predict(g, mesh, lay, hw)
+            row.update(own=lay, own_mfu=c.mfu, own_time=c.time_s, own_mem=c.memory_bytes, own_fits=c.fits,
+                       own_exposed=c.exposed_comm_s, own_compute=c.compute_s)
+            print(f"   published layout {lay}: {c.time_s:.3f} s/step, MFU {c.mfu:.1%} (HFU {c.hfu:.1%}), "
+                  f"compute {c.compute_s:.3f} s, exposed comm {c.exposed_comm_s:.3f} s, "
+                  f"{c.memory_bytes / GIB:.1f} GiB{'' if c.fits else ' DOES NOT FIT'}", flush=True)
+        if not args.no_search:
+            t0 = time.perf_counter()
+            try:
+                r = search(g, mesh, hardware=hw, memory_limit=hw.hbm_bytes, time_limit_s=args.time_limit)
+            except SearchError as e:
+                row["search"] = f"no layout fits: {str(e).splitlines()[0]}"
+                print(f"   search: {row['search']}", flush=True)
+            else:
+                c = r.cost
+                row.update(search=str(r.layout), search_mfu=c.mfu, search_time=c.time_s,
+                           search_mem=c.memory_bytes, status=r.status, search_s=time.perf_counter() - t0)
+                print(f"   searched ({r.status}, {row['search_s']:.0f} s) {r.layout}: {c.time_s:.3f} s/step, "
+                      f"MFU {c.mfu:.1%}, {c.memory_bytes / GIB:.1f} GiB", flush=True)
+        if pub is not None:
+            print(f"   published MFU {pub:.1%}", flush=True)
+        rows.append(row)
+    if not args.no_write:
+        write(rows)
+    return 0
+
+
+def pct(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def write(rows) -> None:
+    lines = [
+        "# Published anchors: predicted MFU against published runs",
+        "",
+        "Generated by `PYTHONPATH=$PWD python benchmarks/published.py` (sources of every figure: "
+        "`autolayout/reporting/published_runs.py`). MFU = model flops without recompute / "
+        "(predicted step time × devices × peak). *Published layout* is the publication's own "
+        "parallelism in autolayout's syntax; *searched* is the layout the search finds under the "
+        "device memory. Δ = predicted − published MFU, in points.",
+        "",
+        "| run | mesh | published MFU | published layout | predicted MFU | Δ | searched layout | "
+        "predicted MFU | memory GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        own = r.get("own", "")
+        d = (f"{(r['own_mfu'] - r['pub']) * 100:+.1f}" if r.get("own_mfu") is not None and r["pub"] is not None
+             else "–")
+        s_mem = f"{r['search_mem'] / GIB:.1f}" if "search_mem" in r else "–"
+        lines.append(f"| {r['title']} | `{r['mesh']}` ({r['hw']}) | {pct(r['pub'])} | `{own}` | "
+                     f"{pct(r.get('own_mfu'))} | {d} | `{r.get('search', '–')}` | {pct(r.get('search_mfu'))} | "
+                     f"{s_mem} |")
+    lines += ["", "Sources of the published figures:", ""]
+    lines += [f"- {r['title']}: {r['source']}" for r in rows if r["source"]]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text("\n".join(lines) + "\n")
+    print(f"\nwrote {OUT}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
