@@ -12,19 +12,14 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from autolayout import __version__
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE
 from autolayout.models import MODELS
+from autolayout.reporting.model_spec import OneLineParser
+from autolayout.version import __version__
 
 PROG = "autolayout"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``autolayout search: error: ... (see 'autolayout search --help')``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
 
 
 # ------------------------------------------------------------------------- arg types
@@ -61,6 +56,7 @@ def _memory(text: str) -> float:
     return parse_bytes(text)
 
 
+HARDWARE_HELP = f"target profile: a name (see 'autolayout hardware') or a JSON file (default {DEFAULT_HARDWARE})"
 MESH = _arg_type(_mesh, "mesh")
 LAYOUT = _arg_type(_layout, "layout")
 HARDWARE = _arg_type(_hardware, "hardware")
@@ -139,7 +135,7 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     g = _graph(args)
     layouts = args.layout or [_layout("")]
-    costs = [predict(g, args.mesh, lay, args.hardware) for lay in layouts]
+    costs = [predict(g, args.mesh, lay, hardware=args.hardware) for lay in layouts]
     names = [f"#{i + 1}" for i in range(len(costs))]
     text = [f"{g.name} on {args.mesh} ({args.hardware.name}), per device per step:", _cost_rows(names, costs)]
     if args.per_op:
@@ -153,13 +149,13 @@ def _run_predict(args: argparse.Namespace) -> int:
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from autolayout import search as search_module
+    from autolayout.search.api import search
     from autolayout.reporting.fmt import fmt_bytes, fmt_time, text_table
 
     if args.mesh is None and args.num_devices is None:
         raise ValueError("search needs --mesh (e.g. rows:4,cols:2) or --num-devices N")
     g = _graph(args)
-    r = search_module.search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes,
+    r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes,
                              hardware=args.hardware, memory_limit=args.memory_limit,
                              shard_weight_update=not args.no_weight_update_sharding, time_limit_s=args.time_limit)
     c = r.cost
@@ -168,15 +164,15 @@ def _run_search(args: argparse.Namespace) -> int:
              text_table([("status", r.status), ("step time", fmt_time(c.time_s)),
                          ("  compute", fmt_time(c.compute_s)), ("  communication", fmt_time(c.comm_s)),
                          ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {fmt_bytes(args.hardware.hbm_bytes)}"),
-                         ("MFU", f"{c.mfu:.1%}"), ("bound", fmt_time(r.bound)), ("gap", f"{r.gap:.2%}"),
+                         ("MFU", f"{c.mfu:.1%}"), ("bound", fmt_time(r.bound_s)), ("gap", f"{r.gap:.2%}"),
                          ("solve time", f"{r.solve_time_s:.2f} s"),
                          ("variables / constraints", f"{r.num_variables} / {r.num_constraints}")],
                         ("", ""), "<>")]
     if r.meshes:
         lines += ["", "  meshes tried:", text_table(
             [(str(m), fmt_time(t) if t is not None else "does not fit") for m, t in r.meshes], ("mesh", "best time"))]
-    data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective,
-            "bound_s": r.bound, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
+    data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
+            "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
             "num_constraints": r.num_constraints, "cost": _cost_dict(c),
             "meshes": [{"mesh": str(m), "time_s": t} for m, t in r.meshes]}
     return _emit(args, data, "\n".join(lines))
@@ -273,7 +269,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 
 def _run_table1(args: argparse.Namespace) -> int:
-    from autolayout.costmodel.table1 import table1
+    from autolayout.reporting.table1 import table1
     from autolayout.reporting.fmt import text_table
 
     df = table1(args.batch, args.d_io, args.d_hidden, n=args.n, r=args.r, c=args.c, p=args.p, hardware=args.hardware)
@@ -346,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
              "    --layout 'batch:rows;vocab:cols;d_ff:cols;heads:cols' --layout 'batch:rows,cols' --json", model=True)
     p.add_argument("--mesh", type=MESH, required=True, help="e.g. rows:4,cols:2")
     p.add_argument("--layout", type=LAYOUT, action="append", help="layout, e.g. 'batch:rows;hidden:cols' (repeatable)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile name or JSON (default tpu-v3)")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--per-op", type=int, default=0, metavar="N", help="also list the N slowest ops")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_predict)
@@ -357,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=MESH, default=None, help="e.g. rows:4,cols:2")
     p.add_argument("--num-devices", type=POSITIVE, default=None, help="search mesh shapes of N devices too")
     p.add_argument("--max-axes", type=POSITIVE, default=3, help="most mesh axes with --num-devices (default 3)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile (default tpu-v3)")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--memory-limit", type=MEMORY, default=None, help="bytes per device, e.g. 16GiB (default: HBM)")
     p.add_argument("--no-weight-update-sharding", action="store_true", help="do not shard weight updates")
     p.add_argument("--time-limit", type=float, default=60, help="solver time limit in seconds (default 60)")
@@ -387,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=MESH, default=None, help="e.g. rows:2,cols:4")
     p.add_argument("--layouts", type=LAYOUT, nargs="+", default=None, metavar="LAYOUT", help="layouts to compare")
     p.add_argument("--out", default=None, help="output directory (default reports/<graph name>)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile (default tpu-v3)")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--measure-hardware", default=None, metavar="PROFILE",
                    help="profile pricing the executed runs: a name, JSON, or 'calibrate' (default: local devices')")
     p.add_argument("--title", default=None, help="report title")
@@ -418,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--r", type=POSITIVE, default=4, help="rows of the 2-D/3-D mesh")
     p.add_argument("--c", type=POSITIVE, default=2, help="cols of the 2-D/3-D mesh")
     p.add_argument("--p", type=POSITIVE, default=2, help="planes of the 3-D mesh")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"))
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_table1)
 

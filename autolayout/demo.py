@@ -221,7 +221,7 @@ def section_predict(demo: Demo) -> None:
     hw = demo.hardware
     header(f"4. Predict: per device per step on {mesh} ({hw.name})")
     layouts = [("replicated", "")] + NAMED
-    costs = {name: predict(demo.graph, mesh, lay, hw) for name, lay in layouts}
+    costs = {name: predict(demo.graph, mesh, lay, hardware=hw) for name, lay in layouts}
     demo.extras["costs"] = costs
     rows = [(name, short_layout(c.layout, 44), fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_time(c.time_s),
              fmt_bytes(c.memory_bytes), len(c.collectives)) for name, c in costs.items()]
@@ -233,7 +233,7 @@ def section_search(demo: Demo) -> None:
     """Find the provably fastest layout under the cost model with CP-SAT."""
     header("5. Search: the fastest layout under the cost model (CP-SAT)")
     try:
-        from autolayout.search import search
+        from autolayout.search.api import search
     except ImportError as exc:
         print(f"  search unavailable in this installation: {exc}")
         return
@@ -303,7 +303,7 @@ def section_execute(demo: Demo) -> None:
     with Progress(len(todo), "executing", enabled=demo.progress) as bar:
         for name, lay in todo:
             bar.start(name)
-            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
             try:
                 res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
                                         devices=devices)
@@ -374,7 +374,7 @@ def section_report(demo: Demo) -> None:
     results = demo.extras.get("results")
     if not results:  # not executed: predictions only
         from autolayout.costmodel.predict import predict
-        results = [LayoutResult(n, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+        results = [LayoutResult(n, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
                    for n, lay in _layouts_to_run(demo)]
     devices = demo.extras.get("devices") or []
     rep = Report(graph=demo.graph, mesh=Mesh.parse(demo.mesh), hardware=demo.hardware, results=results,

@@ -10,7 +10,7 @@ import pytest
 from autolayout import models
 from autolayout.core import LayoutError
 from autolayout.costmodel import get_hardware, predict
-from autolayout.costmodel.table1 import table1
+from autolayout.reporting.table1 import table1
 from autolayout.trace import trace
 
 SIZES = [  # (b, d_io, d_h, n, r, c, p)
@@ -86,7 +86,7 @@ def test_all_reduce_time_is_the_ring_formula():
     """Data-parallel on one axis: each gradient all-reduce costs 2(n-1)/n·V/B + 2(n-1)α."""
     hw = get_hardware("tpu-v3")
     g = models.mlp(64, 32, 128)
-    cost = predict(g, "all:8", "batch:all", hw)
+    cost = predict(g, "all:8", "batch:all", hardware=hw)
     link = hw.link_for("all")
     expect = sum(2 * 7 / 8 * c.bytes / link.bandwidth + 2 * 7 * link.latency for c in cost.collectives)
     assert cost.comm_s == pytest.approx(expect, rel=1e-12)
@@ -97,7 +97,7 @@ def test_compute_is_a_roofline_with_elementwise_fusion():
     x·w and bias but writes nothing, and the relu writes h but reads nothing from HBM."""
     hw = get_hardware("tpu-v3")
     g = models.mlp(64, 32, 128, train=False)
-    cost = predict(g, "all:8", "hidden:all", hw)
+    cost = predict(g, "all:8", "hidden:all", hardware=hw)
     rows = cost.per_op.set_index("op")
     add = next(op.name for op in g.ops() if op.fn == "add")
     peak = hw.peak("float32") * hw.efficiency
@@ -117,8 +117,8 @@ def test_slow_axis_only_slows_its_collectives():
     slow = base.with_axis_link("rows", base.link.__class__(bandwidth=base.link.bandwidth / 10,
                                                             latency=base.link.latency))
     g = models.mlp(64, 32, 128)
-    fast_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", base)
-    slow_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", slow)
+    fast_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", hardware=base)
+    slow_c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", hardware=slow)
     for a, b_ in zip(fast_c.collectives, slow_c.collectives):
         if "rows" in a.mesh_axes:
             assert b_.time_s > a.time_s
@@ -292,12 +292,12 @@ def test_predict_every_single_dim_layout_of_the_zoo(model, mesh):
 
 def test_unknown_hardware_lists_known():
     with pytest.raises(ValueError, match=r"tpu-v4"):
-        predict(models.mlp(8, 8, 8), "all:2", "", "tpu-v99")
+        predict(models.mlp(8, 8, 8), "all:2", "", hardware="tpu-v99")
 
 
 def test_mfu_uses_model_flops():
     g = models.mlp(64, 32, 128)
-    c = predict(g, "all:8", "batch:all", "tpu-v3")
+    c = predict(g, "all:8", "batch:all", hardware="tpu-v3")
     assert c.mfu == pytest.approx(g.flops() / (c.time_s * 8 * get_hardware("tpu-v3").peak("bfloat16")))
     assert math.isfinite(c.mfu)
 

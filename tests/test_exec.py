@@ -74,7 +74,7 @@ def valid_layouts(draw, name: str, wus: bool = True):
         layout = Layout(rules, upd)
         try:
             resolve_layout(g, mesh, layout)
-            predict(g, mesh, layout, "cpu")
+            predict(g, mesh, layout, hardware="cpu")
         except LayoutError:
             continue
         return str(mesh), layout
@@ -371,7 +371,7 @@ def test_calibrate_quick(tmp_path):
     path = tmp_path / "cpu.json"
     hw.save(path)
     assert Hardware.load(path) == hw
-    assert predict(graph("mlp"), "rows:2,cols:4", "batch:rows", hw).time_s > 0
+    assert predict(graph("mlp"), "rows:2,cols:4", "batch:rows", hardware=hw).time_s > 0
 
 
 def test_fit_alpha_beta_recovers_the_model():

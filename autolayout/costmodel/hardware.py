@@ -550,6 +550,11 @@ PROFILES: dict[str, Hardware] = {
     hw.name: hw for hw in (TPU_V2, TPU_V3, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, H100, H200, CPU)
 }
 
+# The target profile of `predict`, `search`, `layout` and `report` (and of the CLI's
+# `--hardware`) when none is given: the TPU generation of the Mesh-TensorFlow paper's §9
+# experiments that the committed reports reproduce. Every output names the profile it used.
+DEFAULT_HARDWARE = "tpu-v3"
+
 # Slow (inter-host) links to put on a data-centre mesh axis with
 # ``hw.with_axis_link(axis, SLOW_LINKS[hw.name])``. Per-device share of the host NIC.
 _DCN_LATENCY = 9.6e-6  # SRC_NCCL_TUNING NET ring Simple per-step latency, used as a proxy for a host-NIC hop
