@@ -16,8 +16,10 @@ prices its run on the profile of the devices it runs on unless told otherwise)::
 
 ``autolayout.search`` and ``autolayout.report`` are plain functions. The packages of the
 same names stay importable by their full module names (``import autolayout.search.api``,
-``from autolayout.report import Report``): they are imported here first, then the
-top-level names are bound to the functions, so later submodule imports cannot rebind them.
+``from autolayout.search import solver``, ``from autolayout.report import Report``): they are
+imported here first, then the top-level names are bound to the functions, so later
+submodule imports cannot rebind them. (``import autolayout.search.solver as s`` does not
+work: Python resolves it through the attribute ``autolayout.search``, the function.)
 Importing :mod:`autolayout` does not import ortools, pandas or matplotlib.
 """
 from __future__ import annotations

@@ -107,6 +107,12 @@ def _cost_rows(names: Sequence[str], costs: Sequence[Any]) -> str:
                       "<<>>>>>>")
 
 
+def _hardware_label(args: argparse.Namespace) -> str:
+    """The profile's name, marked when it is the default (every output names its profile)."""
+    hw = args.hardware
+    return f"hardware {hw.name}" + (" (default; choose with --hardware)" if args.hardware_is_default else "")
+
+
 def _execution_devices(mesh: Any) -> list:
     from autolayout.reporting.devices import devices_for
 
@@ -137,7 +143,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     layouts = args.layout or [_layout("")]
     costs = [predict(g, args.mesh, lay, hardware=args.hardware) for lay in layouts]
     names = [f"#{i + 1}" for i in range(len(costs))]
-    text = [f"{g.name} on {args.mesh} ({args.hardware.name}), per device per step:", _cost_rows(names, costs)]
+    text = [f"{g.name} on {args.mesh} ({_hardware_label(args)}), per device per step:", _cost_rows(names, costs)]
     if args.per_op:
         for name, c in zip(names, costs):
             top = c.per_op.sort_values("total_s", ascending=False).head(args.per_op)
@@ -155,26 +161,36 @@ def _run_search(args: argparse.Namespace) -> int:
     if args.mesh is None and args.num_devices is None:
         raise ValueError("search needs --mesh (e.g. rows:4,cols:2) or --num-devices N")
     g = _graph(args)
-    r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes,
-                             hardware=args.hardware, memory_limit=args.memory_limit,
-                             shard_weight_update=not args.no_weight_update_sharding, time_limit_s=args.time_limit)
+    r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
+               memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
+               time_limit_s=args.time_limit)
     c = r.cost
-    lines = [f"{g.name}: best layout on mesh {r.mesh} ({args.hardware.name})", "",
+    limit = args.memory_limit if args.memory_limit is not None else args.hardware.hbm_bytes
+    limit_text = (f"{fmt_bytes(limit)} (--memory-limit)" if args.memory_limit is not None
+                  else f"{fmt_bytes(limit)} (HBM of {args.hardware.name})")
+    lines = [f"{g.name}: best layout on mesh {r.mesh} ({_hardware_label(args)})", "",
              f"  {str(r.layout) or '(replicated)'}", "",
-             text_table([("status", r.status), ("step time", fmt_time(c.time_s)),
+             text_table([("status", r.status + ("" if r.status == "OPTIMAL" else " (fits; not proven fastest)")),
+                         ("step time", fmt_time(c.time_s)),
                          ("  compute", fmt_time(c.compute_s)), ("  communication", fmt_time(c.comm_s)),
-                         ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {fmt_bytes(args.hardware.hbm_bytes)}"),
+                         ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {limit_text}"),
                          ("MFU", f"{c.mfu:.1%}"), ("bound", fmt_time(r.bound_s)), ("gap", f"{r.gap:.2%}"),
                          ("solve time", f"{r.solve_time_s:.2f} s"),
                          ("variables / constraints", f"{r.num_variables} / {r.num_constraints}")],
                         ("", ""), "<>")]
+    why = {"memory": "does not fit", "time": "time limit: no fitting layout found"}
+    failed = {str(m): reason for m, reason in r.mesh_failures}
     if r.meshes:
         lines += ["", "  meshes tried:", text_table(
-            [(str(m), fmt_time(t) if t is not None else "does not fit") for m, t in r.meshes], ("mesh", "best time"))]
+            [(str(m), fmt_time(t) if t is not None else why[failed[str(m)]]) for m, t in r.meshes],
+            ("mesh", "best time"))]
+    if r.notes:
+        lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
     data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
             "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
-            "num_constraints": r.num_constraints, "cost": _cost_dict(c),
-            "meshes": [{"mesh": str(m), "time_s": t} for m, t in r.meshes]}
+            "num_constraints": r.num_constraints, "memory_limit_bytes": limit, "hardware": args.hardware.name,
+            "cost": _cost_dict(c), "notes": list(r.notes),
+            "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes]}
     return _emit(args, data, "\n".join(lines))
 
 
@@ -200,12 +216,14 @@ def _run_execute(args: argparse.Namespace) -> int:
              text_table(rows, ("quantity", "predicted", "compiled", "measured", "ratio"), "<>>>>")]
     if not ex.collectives_match:
         lines += ["", ex.collective_diff()]
+    if ex.notes:
+        lines += ["", "notes:", *(f"  - {n}" for n in ex.notes)]
     data = {"graph": g.name, "mesh": str(ex.mesh), "layout": str(ex.layout), "backend": ex.backend,
             "max_abs_error": ex.max_abs_error, "max_rel_error": ex.max_rel_error, "step_time_s": ex.step_time_s,
             "step_times_s": list(ex.step_times_s), "compile_s": ex.compile_s,
             "collectives_match": bool(ex.collectives_match), "predicted": _cost_dict(ex.predicted),
             "compiled_collectives": [str(c) for c in ex.compiled_collectives],
-            "comparison": ex.comparison.to_dict(orient="records"), "ok": bool(ok)}
+            "comparison": ex.comparison.to_dict(orient="records"), "notes": list(ex.notes), "ok": bool(ok)}
     _emit(args, data, "\n".join(lines))
     return 1 if args.strict and not ok else 0
 
@@ -226,7 +244,8 @@ def _run_report(args: argparse.Namespace) -> int:
                  measure_hardware=args.measure_hardware, repeats=args.repeats, progress=not args.quiet)
     data = {"path": str(rep.path), "index": str(rep.path / "index.html"),
             "layouts": rep.table().to_dict(orient="records"), "spearman": rep.spearman if rep.executed else None}
-    return _emit(args, data, f"{rep.intro}\n\nwrote {rep.path / 'index.html'} and {rep.path / 'report.md'}")
+    return _emit(args, data, f"predicted on {_hardware_label(args)}\n\n{rep.intro}\n\n"
+                             f"wrote {rep.path / 'index.html'} and {rep.path / 'report.md'}")
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
@@ -276,7 +295,7 @@ def _run_table1(args: argparse.Namespace) -> int:
     rows = [(r.layout, r.mesh, f"{r.comp_flops:.4g}", f"{r.comp_ratio:.3g}", f"{r.allreduced_values:.4g}",
              f"{r.paper_text:.4g}", f"{r.param_values:.4g}", f"{r.paper_memory:.4g}", f"{r.time_ms:.4g}")
             for r in df.itertuples()]
-    text = (f"Mesh-TensorFlow Table 1 (b={args.batch}, d_io={args.d_io}, d_h={args.d_hidden}; {args.hardware.name})\n"
+    text = (f"Mesh-TensorFlow Table 1 (b={args.batch}, d_io={args.d_io}, d_h={args.d_hidden}; {_hardware_label(args)})\n"
             + text_table(rows, ("layout", "mesh", "flops/dev", "/paper", "allreduced", "paper §8", "params/dev",
                                 "paper mem", "time ms"), "<<>>>>>>>"))
     return _emit(args, df.to_dict(orient="records"), text)
@@ -449,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]  # noqa: SLF001
     if extra and not args.takes_model_options:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.hardware_is_default = not any(a == "--hardware" or a.startswith("--hardware=") for a in argv)
     try:
         if args.command in ("demo", "execute", "calibrate", "report"):
             # before jax starts: 8 virtual CPU devices (or the mesh's size), unless the user chose

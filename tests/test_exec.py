@@ -384,3 +384,36 @@ def test_fit_alpha_beta_recovers_the_model():
             samples.append((kind, v, 4, alpha * steps + wire / bw))
     a, b = fit_alpha_beta(samples)
     assert math.isclose(a, alpha, rel_tol=1e-6) and math.isclose(b, bw, rel_tol=1e-6)
+
+
+# ------------------------------------------------------------- NaN-aware checks
+def test_output_check_is_nan_aware():
+    """``max(0.0, nan)`` is 0.0 in Python: a NaN must not pass as error 0."""
+    from autolayout.exec.runner import OutputMismatchError, _errors
+
+    ref = {"loss": np.float32(1.5), "y": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    bad = {"loss": np.float32(1.5), "y": np.where(np.arange(6).reshape(2, 3) == 4, np.nan, ref["y"])}
+    with pytest.raises(OutputMismatchError, match=r"output \['y'\]: 1 of 6 values are NaN or infinite in only "
+                                                  r"one .*\(first at index \(1, 1\): sharded nan, reference 4\.0"):
+        _errors(bad, ref)
+    with pytest.raises(OutputMismatchError, match=r"output \['loss'\]: 1 of 1 values"):
+        _errors({"loss": np.float32(np.inf), "y": ref["y"]}, ref)
+    assert issubclass(OutputMismatchError, ValueError)
+    # NaN in both at the same place: reported, the other values still compared
+    both = {"loss": np.float32(np.nan), "y": ref["y"] + np.float32(0.25)}
+    abs_err, rel_err, notes = _errors(both, {"loss": np.float32(np.nan), "y": ref["y"]})
+    assert abs_err == 0.25 and rel_err == pytest.approx(0.25 / 5)
+    assert notes == ["output ['loss']: 1 NaN and 0 infinite values of 1 are the same in the sharded run and the "
+                     "unsharded reference (the traced function itself produces them); the errors compare the "
+                     "other values only"]
+
+
+def test_execute_reports_nan_in_both():
+    g = trace(lambda x, w: jnp.log(named(x @ w, "batch hidden")).sum(-1),
+              jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32),
+              dims=("batch io", "io hidden"), roles=("input", "param"))
+    x = jnp.ones((8, 4)).at[3].set(-1.0)  # row 3 of x @ w is negative: log gives NaN there, in both runs
+    ex = run(g, "all:8", "batch:all", args=(x, jnp.ones((4, 8))))
+    assert np.isnan(np.asarray(ex.outputs)[3]) and np.isfinite(np.delete(np.asarray(ex.outputs), 3)).all()
+    assert ex.max_abs_error <= TOL
+    assert any("1 NaN and 0 infinite values of 8 are the same" in n for n in ex.notes), ex.notes

@@ -16,7 +16,7 @@ from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
 from autolayout.graph import Graph, align
 
-__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "BACKENDS"]
+__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS"]
 
 BACKENDS = ("shard_map", "gspmd")
 
@@ -27,6 +27,11 @@ class NotEnoughDevicesError(ValueError):
 
 class ArgumentError(ValueError):
     """``args`` do not have the traced function's argument structure or shapes."""
+
+
+class OutputMismatchError(ValueError):
+    """The sharded run produced NaN or infinity where the unsharded reference did not (or the
+    other way round): no error figure could describe that."""
 
 
 @dataclass
@@ -308,19 +313,44 @@ def _to_tensor(graph: Graph, name: str, leaf: Any) -> Any:
     return jnp.reshape(jnp.asarray(leaf), tuple(d.size for d in t.shape)).astype(t.dtype)
 
 
-def _errors(outputs: Any, reference: Any) -> tuple[float, float]:
+def _errors(outputs: Any, reference: Any) -> tuple[float, float, list[str]]:
+    """``(max abs error, max relative error, notes)`` of ``outputs`` against ``reference``.
+
+    NaN-aware (``max(0.0, nan)`` is ``0.0`` in Python, so NaN must be handled before
+    taking maxima): a value that is NaN or infinite in one and not the same in the other
+    raises :class:`OutputMismatchError`; values NaN in both (or the same infinity) are not
+    compared and a note says how many there are; the errors cover the remaining values.
+    """
     import jax
 
-    abs_err, rel_err = 0.0, 0.0
-    for a, b in zip(jax.tree_util.tree_leaves(outputs), jax.tree_util.tree_leaves(reference)):
+    abs_err, rel_err, notes = 0.0, 0.0, []
+    flat_out = jax.tree_util.tree_flatten_with_path(outputs)[0]
+    for (path, a), b in zip(flat_out, jax.tree_util.tree_leaves(reference)):
+        where = "output " + (jax.tree_util.keystr(path) or "(the only one)")
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         if a.size == 0:
             continue
-        err = float(np.max(np.abs(a - b)))
+        both_nan = np.isnan(a) & np.isnan(b)
+        same_inf = np.isinf(a) & (a == b)
+        finite = np.isfinite(a) & np.isfinite(b)
+        odd = ~(finite | both_nan | same_inf)
+        if odd.any():
+            idx = tuple(int(i) for i in np.argwhere(odd)[0])
+            raise OutputMismatchError(
+                f"{where}: {int(odd.sum())} of {a.size} values are NaN or infinite in only one of the sharded run "
+                f"and the unsharded reference (first at index {idx}: sharded {float(a[idx])!r}, reference {float(b[idx])!r}); "
+                "the layout's program computes something else than the traced function")
+        if both_nan.any() or same_inf.any():
+            notes.append(f"{where}: {int(both_nan.sum())} NaN and {int(same_inf.sum())} infinite values of {a.size} "
+                         "are the same in the sharded run and the unsharded reference (the traced function itself "
+                         "produces them); the errors compare the other values only")
+        if not finite.any():
+            continue
+        err = float(np.max(np.abs(a[finite] - b[finite])))
         abs_err = max(abs_err, err)
-        rel_err = max(rel_err, err / max(float(np.max(np.abs(b))), 1e-30))
-    return abs_err, rel_err
+        rel_err = max(rel_err, err / max(float(np.max(np.abs(b[finite]))), 1e-30))
+    return abs_err, rel_err, notes
 
 
 # ---------------------------------------------------------------------------- execute
@@ -401,9 +431,9 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         ref_args = jax.tree_util.tree_unflatten(graph.in_tree, squeezed)
         ref_fn = jax.jit(graph.evaluate).lower(*ref_args).compile(compiler_options=compiler_options)
         ref = ref_fn(*ref_args)
-        abs_err, rel_err = _errors(outputs, ref)
+        abs_err, rel_err, output_notes = _errors(outputs, ref)
     else:
-        ref, abs_err, rel_err = None, float("nan"), float("nan")
+        ref, abs_err, rel_err, output_notes = None, float("nan"), float("nan"), []
 
     n = amesh.size
     pre = tuple(hlo.parse_collectives(hlo_text, n, amesh.axes))
@@ -425,7 +455,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         compiled_collectives=compiled_colls, optimized_collectives=post, predicted=cost,
         collectives_match=match, xla_flops=float(ca.get("flops", float("nan"))),
         xla_bytes_accessed=float(ca.get("bytes accessed", float("nan"))), xla_memory=mem,
-        compile_s=compile_s, notes=tuple(dict.fromkeys(_xla_notes(graph))), _step=stepper)
+        compile_s=compile_s, notes=tuple(dict.fromkeys(output_notes + _xla_notes(graph))), _step=stepper)
     ex.comparison = comparison_table(ex)
     return ex
 

@@ -404,6 +404,11 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
                        "step time of the layout it returns; the bound proves no layout is faster than "
                        "bound (gap = (objective - bound) / objective).")
         page.table(df, "search", "Search result", display=disp)
+        if s.status != "OPTIMAL":
+            page.paragraph(f"Status {s.status}: the searched layout fits the memory limit but is not proven "
+                           f"fastest (gap {s.gap:.1%}); a longer time limit may find a faster one.")
+        for note in s.notes:
+            page.paragraph("Search note: " + " ".join(str(note).split()))
         page.paragraph("The searched layout in full:")
         page.code(str(s.layout) or "(replicated)")
     else:

@@ -19,7 +19,7 @@ the first search does.
 from __future__ import annotations
 
 from autolayout.search.api import SearchResult, layout, mesh_shapes, search
-from autolayout.search.errors import SearchError
+from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.space import enumerate_layouts
 
-__all__ = ["SearchError", "SearchResult", "enumerate_layouts", "layout", "mesh_shapes", "search"]
+__all__ = ["SearchError", "SearchResult", "SearchWarning", "enumerate_layouts", "layout", "mesh_shapes", "search"]

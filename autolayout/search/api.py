@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,12 +12,12 @@ from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph
-from autolayout.search.errors import SearchError
+from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
 
-__all__ = ["SearchResult", "layout", "search", "mesh_shapes"]
+__all__ = ["SearchResult", "SearchWarning", "layout", "mesh_shapes", "search"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class SearchResult:
     ``tolerance_s`` (the integer scaling). ``solve_time_s`` is the wall time
     of the whole call (tables, model, CP-SAT, validation); ``cp_sat_time_s``
     CP-SAT's share. With a mesh-shape search, ``meshes`` lists each mesh tried
-    with its best predicted time (``None`` where nothing fits).
+    with its best predicted time (``None`` where no layout was found) and
+    ``mesh_failures`` says why for those: ``"memory"`` (proven: nothing fits) or
+    ``"time"`` (the time limit came first). ``status`` is ``OPTIMAL`` (proven
+    fastest) or ``FEASIBLE`` (fits, not proven fastest: see ``gap`` and ``notes``);
+    ``cost.memory_bytes`` never exceeds the memory limit.
     """
 
     layout: Layout
@@ -47,6 +52,7 @@ class SearchResult:
     cp_sat_time_s: float = 0.0
     memory_rows: int = 0
     meshes: tuple = ()
+    mesh_failures: tuple = ()
     notes: tuple = field(default=())
 
     def summary(self) -> str:
@@ -60,13 +66,22 @@ def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_
            shard_weight_update: bool = True, time_limit_s: float = 60) -> Layout:
     """The layout of ``graph`` on ``mesh`` with the smallest predicted step time.
 
+    :func:`search`'s layout alone. When the search stopped at its time limit (status
+    ``FEASIBLE``: the layout fits but is not proven fastest) a :class:`SearchWarning`
+    says so with the gap; call :func:`search` for the status, gap and notes.
+
     Example::
 
         g = autolayout.models.mlp(batch=1024, d_io=512, d_hidden=2048)
         autolayout.layout(g, "rows:4,cols:2")   # Layout('batch:rows;hidden:cols')
     """
-    return search(graph, mesh, hardware=hardware, memory_limit=memory_limit,
-                  shard_weight_update=shard_weight_update, time_limit_s=time_limit_s).layout
+    r = search(graph, mesh, hardware=hardware, memory_limit=memory_limit,
+               shard_weight_update=shard_weight_update, time_limit_s=time_limit_s)
+    if r.status != "OPTIMAL":
+        warnings.warn(f"search status {r.status}: layout {str(r.layout) or '(replicated)'!r} fits but is not proven "
+                      f"fastest (gap {r.gap:.1%} after time_limit_s={time_limit_s:g}); raise time_limit_s, or call "
+                      f"autolayout.search for the status, gap and notes", SearchWarning, stacklevel=2)
+    return r.layout
 
 
 def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
@@ -135,7 +150,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
 
 
 def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]], limit: float,
-             start: float, meshes: tuple = ()) -> SearchResult:
+             start: float, meshes: tuple = (), mesh_failures: tuple = ()) -> SearchResult:
     """The fastest of several searches (remat policies, mesh shapes), honestly labelled.
 
     It is ``OPTIMAL`` only when every search was (a search that proved that nothing fits
@@ -159,7 +174,8 @@ def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]],
     gap = 0.0 if optimal else max((best.objective_s - bound) / best.objective_s, 0.0) if best.objective_s > 0 else 0.0
     notes = list(best.notes) + [f"{what}: {' '.join(str(e).split())}" for what, e in timed_out]
     return dataclasses.replace(best, status="OPTIMAL" if optimal else "FEASIBLE", bound_s=bound, gap=gap,
-                               solve_time_s=time.perf_counter() - start, notes=tuple(notes), meshes=meshes)
+                               solve_time_s=time.perf_counter() - start, notes=tuple(notes), meshes=meshes,
+                               mesh_failures=mesh_failures)
 
 
 def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
@@ -219,7 +235,7 @@ def mesh_shapes(num_devices: int, max_axes: int = 3) -> list[Mesh]:
 
 def _search_meshes(graph, num_devices, max_axes, hw, limit, wus, time_limit_s, workers, seed, start):
     meshes = mesh_shapes(num_devices, max_axes)
-    results, tried, errors = [], [], []
+    results, tried, errors, failures = [], [], [], []
     for i, mesh in enumerate(meshes):
         left = time_limit_s - (time.perf_counter() - start)
         share = max(left / (len(meshes) - i), 0.05)
@@ -229,6 +245,7 @@ def _search_meshes(graph, num_devices, max_axes, hw, limit, wus, time_limit_s, w
         except SearchError as e:
             tried.append((mesh, None))
             errors.append((f"mesh {mesh}", e))
+            failures.append((mesh, e.reason))
             continue
         tried.append((mesh, r.cost.time_s))
         results.append(r)
@@ -238,4 +255,4 @@ def _search_meshes(graph, num_devices, max_axes, hw, limit, wus, time_limit_s, w
         raise SearchError(f"no mesh shape of {num_devices} devices {what} {limit:.6g} B: "
                           + " | ".join(f"{m}: {e}" for m, e in errors),
                           reason="memory" if what.startswith("fits") else "time")
-    return _best_of(results, errors, limit, start, meshes=tuple(tried))
+    return _best_of(results, errors, limit, start, meshes=tuple(tried), mesh_failures=tuple(failures))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from autolayout.core import LayoutError
 
-__all__ = ["SearchError"]
+__all__ = ["SearchError", "SearchWarning"]
 
 
 class SearchError(LayoutError):
@@ -24,3 +24,7 @@ class SearchError(LayoutError):
         super().__init__(message)
         self.reason = reason
         self.bound_s = bound_s
+
+
+class SearchWarning(UserWarning):
+    """A search result that is not proven optimal (status ``FEASIBLE``) returned without its status."""
