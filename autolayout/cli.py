@@ -73,6 +73,36 @@ def _positive_int(text: str) -> int:
 POSITIVE = _arg_type(_positive_int, "positive integer")
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected a count >= 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+COUNT = _arg_type(_count, "count")
+SECONDS = _arg_type(_seconds, "seconds")
+NONNEGATIVE = _arg_type(_fraction, "non-negative number")
+
+
+class StrictError(ValueError):
+    """``execute --strict`` found a collective mismatch or an error above ``--tolerance``."""
+
+
 # --------------------------------------------------------------------------- helpers
 def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
     if getattr(args, "json", False):
@@ -118,7 +148,7 @@ def _execution_devices(mesh: Any) -> list:
 
     devices, note = devices_for(mesh.size)
     if devices is None:
-        raise ValueError(note)
+        raise ValueError(f"--mesh {mesh}: {note}, or give a smaller --mesh")
     if note:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     return devices
@@ -160,6 +190,9 @@ def _run_search(args: argparse.Namespace) -> int:
 
     if args.mesh is None and args.num_devices is None:
         raise ValueError("search needs --mesh (e.g. rows:4,cols:2) or --num-devices N")
+    if args.mesh is not None and args.num_devices is not None:
+        raise ValueError(f"give --mesh or --num-devices, not both: --mesh {args.mesh} searches layouts on that mesh, "
+                         f"--num-devices {args.num_devices} searches mesh shapes of that many devices too")
     g = _graph(args)
     r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
                memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
@@ -225,7 +258,12 @@ def _run_execute(args: argparse.Namespace) -> int:
             "compiled_collectives": [str(c) for c in ex.compiled_collectives],
             "comparison": ex.comparison.to_dict(orient="records"), "notes": list(ex.notes), "ok": bool(ok)}
     _emit(args, data, "\n".join(lines))
-    return 1 if args.strict and not ok else 0
+    if args.strict and not ok:
+        why = [] if ex.collectives_match else ["the compiled collectives differ from the predicted ones (see above)"]
+        if not ex.max_rel_error <= args.tolerance:
+            why.append(f"max relative error {ex.max_rel_error:.3g} is above --tolerance {args.tolerance:g}")
+        raise StrictError(f"--strict: {'; '.join(why)}; investigate, or raise --tolerance / drop --strict")
+    return 0
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -237,7 +275,15 @@ def _run_report(args: argparse.Namespace) -> int:
         raise ValueError("report needs MODEL and --mesh (or --all to regenerate the committed reports)")
     from autolayout.report import report
 
+    from autolayout.costmodel.predict import predict
+
     g = _graph(args)
+    for lay in args.layouts or []:  # an illegal layout is an error here, not a note buried in the page
+        try:
+            predict(g, args.mesh, lay, hardware=args.hardware)
+        except ValueError as exc:
+            raise ValueError(f"--layouts {str(lay) or '(replicated)'!r} is illegal on --mesh {args.mesh}: "
+                             f"{' '.join(str(exc).split())}") from exc
     out = args.out or f"reports/{g.name}"
     rep = report(g, args.mesh, args.layouts or [], hardware=args.hardware, execute=not args.no_execute,
                  search=not args.no_search, out=out, title=args.title, scaling=args.scaling,
@@ -362,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=MESH, required=True, help="e.g. rows:4,cols:2")
     p.add_argument("--layout", type=LAYOUT, action="append", help="layout, e.g. 'batch:rows;hidden:cols' (repeatable)")
     p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
-    p.add_argument("--per-op", type=int, default=0, metavar="N", help="also list the N slowest ops")
+    p.add_argument("--per-op", type=COUNT, default=0, metavar="N", help="also list the N slowest ops")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_predict)
 
@@ -373,9 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-devices", type=POSITIVE, default=None, help="search mesh shapes of N devices too")
     p.add_argument("--max-axes", type=POSITIVE, default=3, help="most mesh axes with --num-devices (default 3)")
     p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
-    p.add_argument("--memory-limit", type=MEMORY, default=None, help="bytes per device, e.g. 16GiB (default: HBM)")
+    p.add_argument("--memory-limit", type=MEMORY, default=None,
+                   help="bytes per device, e.g. 16GiB or 16GB (default: the --hardware profile's HBM)")
     p.add_argument("--no-weight-update-sharding", action="store_true", help="do not shard weight updates")
-    p.add_argument("--time-limit", type=float, default=60, help="solver time limit in seconds (default 60)")
+    p.add_argument("--time-limit", type=SECONDS, default=60, help="solver time limit in seconds (default 60)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_search)
 
@@ -388,8 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("shard_map", "gspmd"), default="shard_map")
     p.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random arguments")
-    p.add_argument("--strict", action="store_true", help="exit 1 unless collectives match and outputs agree")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="relative error allowed with --strict")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 with an error unless collectives match and outputs agree")
+    p.add_argument("--tolerance", type=NONNEGATIVE, default=1e-4, help="relative error allowed with --strict")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_execute)
 
@@ -445,21 +493,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _needed_devices(argv: Sequence[str]) -> int:
-    """Virtual CPU devices to ask for: 8, or the --mesh size if larger."""
-    from autolayout.core import Mesh
-
-    n = 8
-    for i, a in enumerate(argv):
-        text = argv[i + 1] if a == "--mesh" and i + 1 < len(argv) else a[7:] if a.startswith("--mesh=") else None
-        if text:
-            try:
-                n = max(n, Mesh.parse(text).size)
-            except ValueError:
-                pass
-    return n
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``autolayout`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -471,9 +504,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.hardware_is_default = not any(a == "--hardware" or a.startswith("--hardware=") for a in argv)
     try:
         if args.command in ("demo", "execute", "calibrate", "report"):
-            # before jax starts: 8 virtual CPU devices (or the mesh's size), unless the user chose
+            # before jax starts: 8 virtual CPU devices, unless the user chose (JAX_NUM_CPU_DEVICES).
+            # Never more behind the user's back: a mesh larger than the devices is an error
+            # that says how to get more.
             from autolayout.reporting.devices import ensure_cpu_devices
-            ensure_cpu_devices(_needed_devices(argv))
+            ensure_cpu_devices()
         if args.takes_model_options and getattr(args, "model", None) is not None:
             from autolayout.reporting.model_spec import apply_options, resolve_model
             args.model_spec = apply_options(resolve_model(args.model), extra, prog=sub.prog)

@@ -169,8 +169,10 @@ def _einsum_text(g: Graph, c: SignatureClass) -> str:
 def section_calibrate(demo: Demo) -> None:
     """The local devices and their profile (measured on CPUs), and the target profile."""
     from autolayout.core import Mesh
-    from autolayout.costmodel.hardware import get_hardware
-    from autolayout.reporting.devices import devices_for, platform_hardware
+    import jax
+
+    from autolayout.costmodel.hardware import get_hardware, hardware_for_device
+    from autolayout.reporting.devices import devices_for
 
     mesh = Mesh.parse(demo.mesh)
     devices, note = devices_for(mesh.size)
@@ -180,7 +182,7 @@ def section_calibrate(demo: Demo) -> None:
         demo.hardware = get_hardware(demo.hardware)
         print(f"  target: the built-in {demo.hardware.name} profile (--hardware): predictions and the search are "
               "for it")
-    builtin = platform_hardware(devices or [])
+    builtin = hardware_for_device((devices or jax.devices())[0])
     if not demo.execute and demo.hardware is not None:
         return  # nothing runs here: no local profile needed
     if not demo.calibrate or devices is None or builtin.name != "cpu":

@@ -95,6 +95,26 @@ class Link:
         return cls(**dict(d))
 
 
+class HardwareFileError(ValueError):
+    """A hardware profile file that is not JSON or not a valid profile."""
+
+
+def _link_from(d: Any, where: str) -> Link:
+    """A :class:`Link` from its JSON form, with errors that name the field."""
+    if isinstance(d, Link):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{where} must be an object with bandwidth, latency and topology, got {d!r}")
+    names = {f.name for f in dataclasses.fields(Link)}
+    required = {f.name for f in dataclasses.fields(Link) if f.default is dataclasses.MISSING}
+    if set(d) - names or required - set(d):
+        raise ValueError(f"{where} needs {sorted(required)} (optional: {sorted(names - required)}), got {sorted(d)}")
+    try:
+        return Link.from_dict(d)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
 # dtype spellings people use -> the key used in ``Hardware.peak_flops``.
 _DTYPE_ALIASES = {
     "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
@@ -253,15 +273,32 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Hardware:
-        """Inverse of :meth:`to_dict`; missing optional fields take defaults."""
+        """Inverse of :meth:`to_dict`; missing optional fields take defaults.
+
+        Raises:
+            ValueError: a required field (``name``, ``peak_flops``, ``hbm_bytes``,
+                ``hbm_bandwidth``, ``link``) is missing, a field is unknown or malformed.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a hardware profile is a JSON object, got {type(d).__name__}")
         d = dict(d)
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(fields)
         if unknown:
-            raise ValueError(f"Unknown Hardware field(s): {sorted(unknown)}")
-        d["link"] = Link.from_dict(d["link"])
-        d["axis_links"] = tuple((a, Link.from_dict(l)) for a, l in dict(d.get("axis_links", {})).items())
+            raise ValueError(f"Unknown Hardware field(s): {sorted(unknown)}; known: {sorted(fields)}")
+        missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"missing required field(s) {missing}; a profile written by Hardware.save or "
+                             "'autolayout calibrate --out FILE' has them all (see 'autolayout hardware tpu-v4 --json')")
+        d["link"] = _link_from(d["link"], "link")
+        d["axis_links"] = tuple((a, _link_from(l, f"axis_links[{a!r}]"))
+                                for a, l in dict(d.get("axis_links", {})).items())
         d["sources"] = tuple(d.get("sources", ()))
-        return cls(**d)
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise ValueError(f"malformed profile: {exc}") from exc
 
     def save(self, path: PathLike) -> None:
         """Write the profile as JSON to ``path``."""
@@ -269,8 +306,21 @@ class Hardware:
 
     @classmethod
     def load(cls, path: PathLike) -> Hardware:
-        """Read a profile written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            HardwareFileError: (a ``ValueError``) the file is not JSON or not a valid
+                profile; the message names the file and what is wrong.
+            OSError: the file cannot be read.
+        """
+        text = Path(path).read_text()
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise HardwareFileError(f"hardware profile {str(path)!r} is not valid JSON: {exc.msg} at line "
+                                    f"{exc.lineno} column {exc.colno}") from exc
+        except ValueError as exc:
+            raise HardwareFileError(f"hardware profile {str(path)!r}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------
@@ -549,6 +599,50 @@ CPU = Hardware(
 PROFILES: dict[str, Hardware] = {
     hw.name: hw for hw in (TPU_V2, TPU_V3, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, H100, H200, CPU)
 }
+
+# JAX device kinds (``jax.Device.device_kind``) of the built-in profiles, matched exactly:
+# the one table that detection reads. TPU kinds as jax 0.10.2 names them in
+# jax/_src/pallas/mosaic/tpu_info.py: "TPU v5" is v5p (not v5e, which is "TPU v5 lite");
+# "TPU v4 lite" (v4i) has no profile. GPU kinds are the CUDA device names (what
+# nvidia-smi shows): "NVIDIA H100 80GB HBM3" is the SXM5 part the h100 profile describes
+# (the PCIe and NVL parts have other clocks, memory and links: no profile); "NVIDIA H200"
+# is the SXM H200. JAX's CPU devices are "cpu".
+DEVICE_KINDS: dict[str, str] = {
+    "TPU v2": "tpu-v2",
+    "TPU v3": "tpu-v3",
+    "TPU v4": "tpu-v4",
+    "TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e",
+    "TPU v5": "tpu-v5p", "TPU v5p": "tpu-v5p",
+    "TPU v6 lite": "tpu-v6e", "TPU v6e": "tpu-v6e",
+    "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H200": "h200",
+    "cpu": "cpu",
+}
+
+
+class UnknownDeviceError(ValueError):
+    """The devices' kind has no built-in profile (and none was given)."""
+
+
+def hardware_for_device(device: Any) -> Hardware:
+    """The built-in profile of a JAX device, by its exact ``device_kind`` (:data:`DEVICE_KINDS`).
+
+    Raises:
+        UnknownDeviceError: the kind is not in the table; the message names it and how to
+            pass a profile instead.
+
+    >>> hardware_for_device(type("D", (), {"device_kind": "TPU v5"})()).name
+    'tpu-v5p'
+    """
+    kind = str(getattr(device, "device_kind", ""))
+    if kind not in DEVICE_KINDS:
+        raise UnknownDeviceError(
+            f"no built-in hardware profile for device kind {kind!r} (known kinds: "
+            f"{', '.join(repr(k) for k in DEVICE_KINDS)}); pass hardware= a profile name "
+            f"({', '.join(PROFILES)}), a Hardware, or a JSON profile measured on these devices with "
+            "'autolayout calibrate --out profile.json' (CLI: --hardware profile.json)")
+    return PROFILES[DEVICE_KINDS[kind]]
+
 
 # The target profile of `predict`, `search`, `layout` and `report` (and of the CLI's
 # `--hardware`) when none is given: the TPU generation of the Mesh-TensorFlow paper's §9

@@ -9,7 +9,7 @@ from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardwa
 from autolayout.costmodel.memory import peak_memory
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
-from autolayout.graph import Graph
+from autolayout.graph import Graph, require_graph
 
 __all__ = ["Cost", "predict", "price_plan", "resolve_layout", "layouts_table"]
 
@@ -73,7 +73,7 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, *, hardware: Any = DEFA
         c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", hardware="tpu-v3")
         c.time_s, c.comm_bytes, c.memory["params"]
     """
-    return price_plan(plan(graph, mesh, layout), hardware)
+    return price_plan(plan(require_graph(graph, "predict"), mesh, layout), hardware)
 
 
 def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:

@@ -10,11 +10,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from autolayout.core import Layout, Mesh
-from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.hardware import get_hardware, hardware_for_device
 from autolayout.costmodel.plan import plan as make_plan
 from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
-from autolayout.graph import Graph, align
+from autolayout.graph import Graph, align, require_graph
 
 __all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS"]
 
@@ -172,13 +172,9 @@ def _jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
 
 
 def default_hardware(jmesh: Any) -> Any:
-    """The built-in profile for the devices of ``jmesh`` (``cpu`` when unknown)."""
-    kind = str(jmesh.devices.flat[0].device_kind).lower()
-    for key, name in (("h200", "h200"), ("h100", "h100"), ("v6", "tpu-v6e"), ("v5p", "tpu-v5p"),
-                      ("v5", "tpu-v5e"), ("v4", "tpu-v4"), ("v3", "tpu-v3"), ("v2", "tpu-v2")):
-        if key in kind:
-            return get_hardware(name)
-    return get_hardware("cpu")
+    """The built-in profile of the devices of ``jmesh``, by exact device kind
+    (:func:`~autolayout.costmodel.hardware.hardware_for_device`; an unknown kind is an error)."""
+    return hardware_for_device(jmesh.devices.flat[0])
 
 
 # ------------------------------------------------------------------------------- args
@@ -224,8 +220,25 @@ def check_args(graph: Graph, args: Any) -> list[Any]:
         shape = tuple(np.shape(leaf))
         if tuple(s for s in shape if s != 1) != tuple(s for s in wshape if s != 1):
             raise ArgumentError(f"argument {wpath} has shape {shape}, expected {wshape} {dims}")
+        have = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+        got = _dtype_kind(have)
+        if got != _dtype_kind(dtype):
+            raise ArgumentError(f"argument {wpath} has dtype {np.dtype(have)} ({got}), but the function was traced with {np.dtype(dtype)} ({_dtype_kind(dtype)}); "
+                                f"pass a {_dtype_kind(dtype)} array, e.g. x.astype('{np.dtype(dtype)}')")
         leaves.append(leaf)
     return leaves
+
+
+def _dtype_kind(dtype: Any) -> str:
+    """``"float"``, ``"integer"``, ``"bool"`` or ``"complex"``: what an argument must match
+    (widths may differ: arguments are cast to the traced dtype)."""
+    import jax.numpy as jnp
+
+    for kind, base in (("bool", jnp.bool_), ("complex", jnp.complexfloating), ("float", jnp.floating),
+                       ("integer", jnp.integer)):
+        if jnp.issubdtype(dtype, base):
+            return kind
+    return str(np.dtype(dtype))
 
 
 def make_args(graph: Graph, seed: int, shardings: Sequence[Any] | None = None) -> Any:
@@ -370,8 +383,11 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     ``devices``, default ``jax.devices()``) or a ``jax.sharding.Mesh``. ``args``
     has the traced function's argument structure; ``None`` draws them from
     ``seed``. The step is timed ``repeats`` times after one warm-up run.
-    ``hardware`` (a profile, its name or a JSON path) prices the prediction;
-    default: the built-in profile of the devices at hand. ``reference=False``
+    ``hardware`` (keyword-only: a profile, its name or a JSON path) prices the
+    prediction; default: the built-in profile of the devices at hand, by their exact
+    device kind (an unknown kind raises ``UnknownDeviceError`` naming it) — the run is
+    compared with a prediction for the machine it ran on, so unlike ``predict`` and
+    ``search`` the default is not ``DEFAULT_HARDWARE``. ``reference=False``
     skips the unsharded reference run (errors are then NaN). ``compiler_options``
     go to XLA for the step and the reference (e.g. ``{"xla_backend_optimization_level": 0}``
     compiles ~2x faster on CPU; the tests use it).
@@ -385,6 +401,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     """
     import jax
 
+    require_graph(graph, "execute")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     amesh, jmesh = _jax_mesh(mesh, devices)

@@ -148,14 +148,16 @@ def named_layouts(layouts: Any) -> list[tuple[str, Any]]:
 
 def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT_HARDWARE, execute: bool = True,
             search: bool = True, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
-            progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None,
+            progress: bool = True, time_limit_s: float = 60, memory_limit: float | str | None = None,
             devices: Sequence[Any] | None = None) -> Report:
     """Predict, search and execute; everything :func:`write` needs (no files written)."""
     from autolayout.core import Mesh
     from autolayout.costmodel.hardware import get_hardware
     from autolayout.costmodel.predict import predict
+    from autolayout.graph import require_graph
     from autolayout.reporting.progress import Progress
 
+    require_graph(graph, "report")
     hw = get_hardware(hardware)
     mesh = Mesh.parse(mesh)
     rep = Report(graph=graph, mesh=mesh, hardware=hw, results=[])
@@ -221,11 +223,10 @@ def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: boo
 
 
 def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
-    from autolayout.costmodel.hardware import get_hardware
-    from autolayout.reporting.devices import platform_hardware
+    from autolayout.costmodel.hardware import get_hardware, hardware_for_device
 
     if measure_hardware is None:
-        return platform_hardware(devices)
+        return hardware_for_device(devices[0])
     if isinstance(measure_hardware, str) and measure_hardware == "calibrate":
         try:
             from autolayout.reporting.devices import calibrated
@@ -236,7 +237,7 @@ def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
         except (ImportError, NotImplementedError, TypeError) as exc:
             rep.notes.append(f"calibration unavailable ({type(exc).__name__}: {exc}); "
                              "using the built-in profile of these devices")
-            return platform_hardware(devices)
+            return hardware_for_device(devices[0])
     return get_hardware(measure_hardware)
 
 
@@ -480,7 +481,7 @@ def write(rep: Report, out: str | Path, title: str | None = None, intro: str | N
 def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT_HARDWARE, execute: bool = True,
            search: bool = True, out: str | Path = "reports/report", title: str | None = None,
            intro: str | None = None, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
-           progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None) -> Report:
+           progress: bool = True, time_limit_s: float = 60, memory_limit: float | str | None = None) -> Report:
     """Compare ``layouts`` of ``graph`` on ``mesh`` and write a report directory ``out``.
 
     Args:

@@ -59,6 +59,11 @@ class ModelSpec:
             graph = self.fn(**self.kwargs)
         except TypeError as exc:
             raise ModelError(f"{self.label}: {exc}") from exc
+        except ValueError:
+            raise  # autolayout's own errors (TraceError, LayoutError, ...) say what is wrong already
+        except Exception as exc:  # noqa: BLE001  (the user's code: any error, re-raised with its name)
+            raise ModelError(f"MODEL {self.label} raised {type(exc).__name__}: {' '.join(str(exc).split())} "
+                             "(fix the function, or rerun with --traceback to see where it failed)") from exc
         if not isinstance(graph, Graph):
             raise ModelError(
                 f"{self.label} returned {type(graph).__name__}, not an autolayout Graph; return "

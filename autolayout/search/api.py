@@ -11,11 +11,12 @@ from typing import Any
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
-from autolayout.graph import Graph
+from autolayout.graph import Graph, require_graph
 from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
+from autolayout.units import SizeError, parse_bytes
 
 __all__ = ["SearchResult", "SearchWarning", "layout", "mesh_shapes", "search"]
 
@@ -62,7 +63,7 @@ class SearchResult:
                 f"{self.solve_time_s:.3f} s")
 
 
-def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_limit: float | None = None,
+def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None,
            shard_weight_update: bool = True, time_limit_s: float = 60) -> Layout:
     """The layout of ``graph`` on ``mesh`` with the smallest predicted step time.
 
@@ -85,7 +86,7 @@ def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_
 
 
 def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
-           hardware: Any = DEFAULT_HARDWARE, memory_limit: float | None = None, shard_weight_update: bool = True,
+           hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None, shard_weight_update: bool = True,
            time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
            remat: str | None = None) -> SearchResult:
     """Find the layout (and weight-update sharding) minimising ``predict(...).time_s``.
@@ -101,8 +102,9 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
             ``rows, cols``; ``rows, cols, planes``). Ties keep the mesh with
             fewer axes.
         hardware: a profile name or :class:`~autolayout.costmodel.Hardware`.
-        memory_limit: bytes per device; default the profile's ``hbm_bytes``;
-            ``math.inf`` for no limit.
+        memory_limit: bytes per device (a number, or a size such as ``"16GiB"`` or
+            ``"16GB"`` as the CLI reads it); default the profile's ``hbm_bytes``;
+            ``math.inf`` (or ``"inf"``) for no limit.
         shard_weight_update: also decide storage sharding (ZeRO stage 1-3) per parameter.
         time_limit_s: CP-SAT time budget; on time-out the best layout found that
             fits ``memory_limit`` is returned with status ``FEASIBLE`` and its gap
@@ -121,10 +123,13 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
             message says what was found).
     """
     start = time.perf_counter()
+    require_graph(graph, "search")
     hw = get_hardware(hardware)
-    limit = float(hw.hbm_bytes if memory_limit is None else memory_limit)
-    if not limit > 0:
-        raise SearchError(f"memory_limit must be a positive number of bytes per device, got {memory_limit!r}")
+    try:
+        limit = float(hw.hbm_bytes if memory_limit is None else parse_bytes(memory_limit))
+    except SizeError as exc:
+        raise SearchError(f"memory_limit must be a positive number of bytes per device or a size such as "
+                          f"'16GiB' or '16GB', got {memory_limit!r}") from exc
     if mesh is None:
         if num_devices is None:
             raise LayoutError("search needs a mesh (e.g. 'rows:4,cols:2') or num_devices=N")
