@@ -327,7 +327,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
     if args.name is not None:
         return _emit(args, args.name.to_dict(), _hardware_text(args.name))
-    rows = [(hw.name, f"{hw.peak('bfloat16') / 1e12:.4g}", fmt_bytes(hw.hbm_bytes), f"{hw.hbm_bandwidth / 1e9:.4g}",
+    rows = [(hw.name + (" (default)" if hw.name == DEFAULT_HARDWARE else ""), f"{hw.peak('bfloat16') / 1e12:.4g}", fmt_bytes(hw.hbm_bytes), f"{hw.hbm_bandwidth / 1e9:.4g}",
              f"{hw.link.bandwidth / 1e9:.4g}", f"{hw.link.latency * 1e6:.3g}") for hw in PROFILES.values()]
     text = text_table(rows, ("profile", "bf16 TFLOP/s", "HBM", "HBM GB/s", "link GB/s", "latency us"))
     return _emit(args, {n: hw.to_dict() for n, hw in PROFILES.items()}, text)

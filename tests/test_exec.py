@@ -282,6 +282,10 @@ def test_wrong_args():
     with pytest.raises(ArgumentError, match=r"argument \[0\]\['w'\] has shape \(3, 3\), expected \(8, 16\) "
                                             r"\(io:8, hidden:16\)"):
         execute(g, "all:8", "batch:all", args=(bad, batch))
+    ints = dict(batch, x=jnp.asarray(batch["x"]).astype(jnp.int32))
+    with pytest.raises(ArgumentError, match=r"argument \[1\]\['x'\] has dtype int32 \(integer\), but the function "
+                                            r"was traced with float32 \(float\); pass a float array"):
+        execute(g, "all:8", "batch:all", args=(params, ints))
 
 
 # ------------------------------------------------------------------- HLO parsing
