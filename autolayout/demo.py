@@ -171,7 +171,8 @@ def section_calibrate(demo: Demo) -> None:
     from autolayout.core import Mesh
     import jax
 
-    from autolayout.costmodel.hardware import get_hardware, hardware_for_device
+    from autolayout.costmodel.devices import hardware_for_device
+    from autolayout.costmodel.hardware import get_hardware
     from autolayout.reporting.devices import devices_for
 
     mesh = Mesh.parse(demo.mesh)

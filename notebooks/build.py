@@ -66,7 +66,7 @@ def explore_layouts() -> list:
              '    "2-D (paper §9)": "batch:rows;heads:cols;d_ff:cols;vocab:cols",\n'
              '    "replicated": "",\n'
              '}\n'
-             'costs = {name: autolayout.predict(big, MESH, lay, "tpu-v4") for name, lay in layouts.items()}\n'
+             'costs = {name: autolayout.predict(big, MESH, lay, hardware="tpu-v4") for name, lay in layouts.items()}\n'
              'for name, c in costs.items():\n'
              '    print(f"{name:16s} {c.summary()}")'),
         code('names = list(costs)\n'

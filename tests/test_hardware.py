@@ -231,13 +231,13 @@ class _Device:
     ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("cpu", "cpu"),
 ], ids=lambda x: x if " " not in x else None)
 def test_device_kind_maps_exactly(kind, name):
-    from autolayout.costmodel.hardware import hardware_for_device
+    from autolayout.costmodel.devices import hardware_for_device
     assert hardware_for_device(_Device(kind)).name == name
 
 
 @pytest.mark.parametrize("kind", ["TPU v4 lite", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "TPU v7", "", "gpu"])
 def test_unknown_device_kind_is_an_error(kind):
-    from autolayout.costmodel.hardware import UnknownDeviceError, hardware_for_device
+    from autolayout.costmodel.devices import UnknownDeviceError, hardware_for_device
     with pytest.raises(UnknownDeviceError, match=rf"no built-in hardware profile for device kind {kind!r}.*"
                                                  r"pass hardware= .*autolayout calibrate --out profile.json"):
         hardware_for_device(_Device(kind))
@@ -245,7 +245,7 @@ def test_unknown_device_kind_is_an_error(kind):
 
 
 def test_one_detection_table():
-    """The device-kind table lives in costmodel.hardware only (the runner calls it)."""
+    """The device-kind table lives in costmodel.devices only (the runner calls it)."""
     import inspect
 
     from autolayout.exec import runner

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from autolayout.core import Layout, Mesh
-from autolayout.costmodel.hardware import get_hardware, hardware_for_device
+from autolayout.costmodel.devices import hardware_for_device
+from autolayout.costmodel.hardware import get_hardware
 from autolayout.costmodel.plan import plan as make_plan
 from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
@@ -173,7 +174,7 @@ def _jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
 
 def default_hardware(jmesh: Any) -> Any:
     """The built-in profile of the devices of ``jmesh``, by exact device kind
-    (:func:`~autolayout.costmodel.hardware.hardware_for_device`; an unknown kind is an error)."""
+    (:func:`~autolayout.costmodel.devices.hardware_for_device`; an unknown kind is an error)."""
     return hardware_for_device(jmesh.devices.flat[0])
 
 

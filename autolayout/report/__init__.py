@@ -223,7 +223,8 @@ def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: boo
 
 
 def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
-    from autolayout.costmodel.hardware import get_hardware, hardware_for_device
+    from autolayout.costmodel.devices import hardware_for_device
+    from autolayout.costmodel.hardware import get_hardware
 
     if measure_hardware is None:
         return hardware_for_device(devices[0])
