@@ -90,30 +90,36 @@ def _short(x: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_mirror(tree: Any, arg_paths: Sequence[Any], what: str) -> None:
+def _check_mirror(tree: Any, args: Any, what: str) -> None:
     """Every entry of the user pytree ``tree`` (``dims``/``roles``) names an argument: an
-    entry whose path is no prefix of any argument's path is an error, not ignored."""
+    entry that matches no part of ``args`` is an error, not ignored. (Walks both side by
+    side; ``None``/a string/a tuple of names ends the walk: it covers the whole subtree.)"""
     from collections.abc import Mapping
 
-    prefixes = {tuple(str(k) for k in p[:i]) for p in arg_paths for i in range(len(p) + 1)}
+    def bad(path: str) -> TraceError:
+        return TraceError(f"{what} has an entry {path} that matches no argument; "
+                          f"give {what} the structure of args (or a prefix of it)")
 
-    def walk(node: Any, path: tuple) -> None:
-        if path not in prefixes:
-            raise TraceError(f"{what} has an entry {''.join(path)} that matches no argument; "
-                             f"give {what} the structure of args (or a prefix of it)")
+    def walk(node: Any, arg: Any, path: str) -> None:
         if node is None or isinstance(node, str) or (path and _is_names(node)):
             return
         if isinstance(node, Mapping):
             for k, v in node.items():
-                walk(v, path + (f"[{k!r}]",))
+                if not isinstance(arg, Mapping) or k not in arg:
+                    raise bad(f"{path}[{k!r}]")
+                walk(v, arg[k], f"{path}[{k!r}]")
         elif isinstance(node, tuple) and hasattr(node, "_fields"):  # a namedtuple: jax keys its fields
             for k, v in zip(node._fields, node):
-                walk(v, path + (f".{k}",))
+                if not hasattr(arg, k):
+                    raise bad(f"{path}.{k}")
+                walk(v, getattr(arg, k), f"{path}.{k}")
         elif isinstance(node, (list, tuple)):
             for i, v in enumerate(node):
-                walk(v, path + (f"[{i}]",))
+                if not isinstance(arg, (list, tuple)) or i >= len(arg):
+                    raise bad(f"{path}[{i}]")
+                walk(v, arg[i], f"{path}[{i}]")
 
-    walk(tree, ())
+    walk(tree, args, "")
 
 
 def _check_dim_name(name: str, where: str) -> None:
@@ -186,7 +192,7 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     closed = closed.replace(jaxpr=live)
     for tree, what in ((dims, "dims"), (roles, "roles")):
         if tree is not None:
-            _check_mirror(tree, [p for p, _ in flat], what)
+            _check_mirror(tree, args, what)
     tr = _Tracer()
     in_vals, in_names, in_roles = [], [], []
     plain = [(_path_str(p[1:]) if len(p) > 1 else "") for p, _ in flat]
