@@ -4,72 +4,60 @@
 >>> Layout("batch:rows;hidden:cols").partition_spec(["batch", "hidden"])
 P('rows', 'cols')
 
-The pipeline, one call per step::
+The pipeline, one call per step; every step takes ``(graph, mesh, ...)`` and a
+keyword-only ``hardware`` (default :data:`DEFAULT_HARDWARE`, ``"tpu-v3"``; ``execute``
+prices its run on the profile of the devices it runs on unless told otherwise)::
 
     g = autolayout.models.transformer_lm(...)            # or autolayout.trace(fn, *args, dims=...)
-    cost = autolayout.predict(g, "rows:2,cols:4", "batch:rows;heads:cols", "tpu-v4")
+    cost = autolayout.predict(g, "rows:2,cols:4", "batch:rows;heads:cols", hardware="tpu-v4")
     best = autolayout.search(g, "rows:2,cols:4", hardware="tpu-v4")   # SearchResult
     run = autolayout.execute(g, "rows:2,cols:4", best.layout)         # Execution
-    autolayout.report(g, "rows:2,cols:4", ["batch:rows,cols"], out="reports/mine")
+    autolayout.report(g, "rows:2,cols:4", ["batch:rows,cols"], out="reports/mine")   # Report
 
-``autolayout.search`` and ``autolayout.report`` are modules that can be called: calling
-one runs its main function (``autolayout.search.search``, ``autolayout.report.report``),
-and ``autolayout.search.layout`` etc. stay reachable.
+``autolayout.search`` and ``autolayout.report`` are plain functions. The packages of the
+same names stay importable by their full module names (``import autolayout.search.api``,
+``from autolayout.search import solver``, ``from autolayout.report import Report``): they are
+imported here first, then the top-level names are bound to the functions, so later
+submodule imports cannot rebind them. (``import autolayout.search.solver as s`` does not
+work: Python resolves it through the attribute ``autolayout.search``, the function.)
+Importing :mod:`autolayout` does not import ortools, pandas or matplotlib.
 """
 from __future__ import annotations
 
-import types
-from typing import Any
-
 from autolayout import models
 from autolayout.core import Dim, Layout, LayoutError, Mesh, Shape
-from autolayout.costmodel import Cost, Hardware, get_hardware, known_hardware, predict
+from autolayout.costmodel import Cost, Hardware, Link, get_hardware, known_hardware, predict
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE
+from autolayout.exec import Execution, calibrate, execute
 from autolayout.graph import Graph, Op, ParamRole, Tensor
 from autolayout.trace import TraceError, named, trace
 from autolayout.train import init_opt_state, train_step
+from autolayout.version import __version__
 
-__version__ = "0.1.0"
-
-
-class _CallableModule(types.ModuleType):
-    """A module that runs its ``__main_function__`` when called (``autolayout.search(g, mesh)``)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self, self.__dict__.get("__main_function__", self.__name__.rpartition(".")[2]))(*args, **kwargs)
-
-
-# The search package doubles as the ``autolayout.search(...)`` function the API promises
-# (issue text: ``autolayout.search(graph, ...)`` and ``autolayout.search.enumerate_layouts``):
-# imported eagerly so it is callable however it was first imported. ortools and jax are
-# hard dependencies, so a failure here is a real error and is not hidden.
-import autolayout.search as _search_module  # noqa: E402
-
-_search_module.__class__ = _CallableModule
-search = _search_module
-from autolayout.exec import calibrate, execute  # noqa: E402
-from autolayout.search import layout  # noqa: E402
-
-
-def __getattr__(name: str) -> Any:
-    # autolayout.report imports lazily (it pulls in the plotting layer only when it runs);
-    # the module makes itself callable: autolayout.report(graph, mesh, layouts, out=...).
-    if name == "report":
-        import autolayout.report as module
-        return module
-    raise AttributeError(f"module 'autolayout' has no attribute {name!r}")
-
+# Import the packages first, then bind the names to the functions (see the docstring).
+import autolayout.report  # noqa: E402,F401
+import autolayout.search  # noqa: E402,F401
+from autolayout.report import Report, report  # noqa: E402
+from autolayout.search.api import SearchResult, layout, mesh_shapes, search  # noqa: E402
+from autolayout.search.errors import SearchError  # noqa: E402
 
 # One name per line so that adding exports is a one-line change.
 __all__ = [
     "Cost",
+    "DEFAULT_HARDWARE",
     "Dim",
+    "Execution",
     "Graph",
     "Hardware",
     "Layout",
     "LayoutError",
+    "Link",
     "Mesh",
     "Op",
     "ParamRole",
+    "Report",
+    "SearchError",
+    "SearchResult",
     "Shape",
     "Tensor",
     "TraceError",
@@ -79,6 +67,7 @@ __all__ = [
     "init_opt_state",
     "known_hardware",
     "layout",
+    "mesh_shapes",
     "models",
     "named",
     "predict",

@@ -12,19 +12,14 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from autolayout import __version__
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE
 from autolayout.models import MODELS
+from autolayout.reporting.model_spec import OneLineParser
+from autolayout.version import __version__
 
 PROG = "autolayout"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``autolayout search: error: ... (see 'autolayout search --help')``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
 
 
 # ------------------------------------------------------------------------- arg types
@@ -61,6 +56,7 @@ def _memory(text: str) -> float:
     return parse_bytes(text)
 
 
+HARDWARE_HELP = f"target profile: a name (see 'autolayout hardware') or a JSON file (default {DEFAULT_HARDWARE})"
 MESH = _arg_type(_mesh, "mesh")
 LAYOUT = _arg_type(_layout, "layout")
 HARDWARE = _arg_type(_hardware, "hardware")
@@ -75,6 +71,36 @@ def _positive_int(text: str) -> int:
 
 
 POSITIVE = _arg_type(_positive_int, "positive integer")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected a count >= 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+COUNT = _arg_type(_count, "count")
+SECONDS = _arg_type(_seconds, "seconds")
+NONNEGATIVE = _arg_type(_fraction, "non-negative number")
+
+
+class StrictError(ValueError):
+    """``execute --strict`` found a collective mismatch or an error above ``--tolerance``."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -114,12 +140,18 @@ def _cost_rows(names: Sequence[str], costs: Sequence[Any]) -> str:
                              "MFU"), "<<>>>>>>>")
 
 
+def _hardware_label(args: argparse.Namespace) -> str:
+    """The profile's name, marked when it is the default (every output names its profile)."""
+    hw = args.hardware
+    return f"hardware {hw.name}" + (" (default; choose with --hardware)" if args.hardware_is_default else "")
+
+
 def _execution_devices(mesh: Any) -> list:
     from autolayout.reporting.devices import devices_for
 
     devices, note = devices_for(mesh.size)
     if devices is None:
-        raise ValueError(note)
+        raise ValueError(f"--mesh {mesh}: {note}, or give a smaller --mesh")
     if note:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     return devices
@@ -142,9 +174,9 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     g = _graph(args)
     layouts = args.layout or [_layout("")]
-    costs = [predict(g, args.mesh, lay, args.hardware) for lay in layouts]
+    costs = [predict(g, args.mesh, lay, hardware=args.hardware) for lay in layouts]
     names = [f"#{i + 1}" for i in range(len(costs))]
-    text = [f"{g.name} on {args.mesh} ({args.hardware.name}), per device per step:", _cost_rows(names, costs)]
+    text = [f"{g.name} on {args.mesh} ({_hardware_label(args)}), per device per step:", _cost_rows(names, costs)]
     if args.per_op:
         for name, c in zip(names, costs):
             top = c.per_op.sort_values("total_s", ascending=False).head(args.per_op)
@@ -156,33 +188,46 @@ def _run_predict(args: argparse.Namespace) -> int:
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from autolayout import search as search_module
+    from autolayout.search.api import search
     from autolayout.reporting.fmt import fmt_bytes, fmt_time, text_table
 
     if args.mesh is None and args.num_devices is None:
         raise ValueError("search needs --mesh (e.g. rows:4,cols:2) or --num-devices N")
+    if args.mesh is not None and args.num_devices is not None:
+        raise ValueError(f"give --mesh or --num-devices, not both: --mesh {args.mesh} searches layouts on that mesh, "
+                         f"--num-devices {args.num_devices} searches mesh shapes of that many devices too")
     g = _graph(args)
-    r = search_module.search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes,
-                             hardware=args.hardware, memory_limit=args.memory_limit,
-                             shard_weight_update=not args.no_weight_update_sharding, time_limit_s=args.time_limit)
+    r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
+               memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
+               time_limit_s=args.time_limit)
     c = r.cost
-    lines = [f"{g.name}: best layout on mesh {r.mesh} ({args.hardware.name})", "",
+    limit = args.memory_limit if args.memory_limit is not None else args.hardware.hbm_bytes
+    limit_text = (f"{fmt_bytes(limit)} (--memory-limit)" if args.memory_limit is not None
+                  else f"{fmt_bytes(limit)} (HBM of {args.hardware.name})")
+    lines = [f"{g.name}: best layout on mesh {r.mesh} ({_hardware_label(args)})", "",
              f"  {str(r.layout) or '(replicated)'}", "",
-             text_table([("status", r.status), ("step time", fmt_time(c.time_s)),
+             text_table([("status", r.status + ("" if r.status == "OPTIMAL" else " (fits; not proven fastest)")),
+                         ("step time", fmt_time(c.time_s)),
                          ("  compute", fmt_time(c.compute_s)), ("  communication", fmt_time(c.comm_s)),
                          ("  exposed communication", fmt_time(c.exposed_comm_s)),
-                         ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {fmt_bytes(args.hardware.hbm_bytes)}"),
-                         ("MFU", f"{c.mfu:.1%}"), ("HFU", f"{c.hfu:.1%}"), ("bound", fmt_time(r.bound)), ("gap", f"{r.gap:.2%}"),
+                         ("memory / device", f"{fmt_bytes(c.memory_bytes)} of {limit_text}"),
+                         ("MFU", f"{c.mfu:.1%}"), ("HFU", f"{c.hfu:.1%}"), ("bound", fmt_time(r.bound_s)), ("gap", f"{r.gap:.2%}"),
                          ("solve time", f"{r.solve_time_s:.2f} s"),
                          ("variables / constraints", f"{r.num_variables} / {r.num_constraints}")],
                         ("", ""), "<>")]
+    why = {"memory": "does not fit", "time": "time limit: no fitting layout found"}
+    failed = {str(m): reason for m, reason in r.mesh_failures}
     if r.meshes:
         lines += ["", "  meshes tried:", text_table(
-            [(str(m), fmt_time(t) if t is not None else "does not fit") for m, t in r.meshes], ("mesh", "best time"))]
-    data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective,
-            "bound_s": r.bound, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
-            "num_constraints": r.num_constraints, "cost": _cost_dict(c),
-            "meshes": [{"mesh": str(m), "time_s": t} for m, t in r.meshes]}
+            [(str(m), fmt_time(t) if t is not None else why[failed[str(m)]]) for m, t in r.meshes],
+            ("mesh", "best time"))]
+    if r.notes:
+        lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
+    data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
+            "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
+            "num_constraints": r.num_constraints, "memory_limit_bytes": limit, "hardware": args.hardware.name,
+            "cost": _cost_dict(c), "notes": list(r.notes),
+            "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes]}
     return _emit(args, data, "\n".join(lines))
 
 
@@ -208,14 +253,21 @@ def _run_execute(args: argparse.Namespace) -> int:
              text_table(rows, ("quantity", "predicted", "compiled", "measured", "ratio"), "<>>>>")]
     if not ex.collectives_match:
         lines += ["", ex.collective_diff()]
+    if ex.notes:
+        lines += ["", "notes:", *(f"  - {n}" for n in ex.notes)]
     data = {"graph": g.name, "mesh": str(ex.mesh), "layout": str(ex.layout), "backend": ex.backend,
             "max_abs_error": ex.max_abs_error, "max_rel_error": ex.max_rel_error, "step_time_s": ex.step_time_s,
             "step_times_s": list(ex.step_times_s), "compile_s": ex.compile_s,
             "collectives_match": bool(ex.collectives_match), "predicted": _cost_dict(ex.predicted),
             "compiled_collectives": [str(c) for c in ex.compiled_collectives],
-            "comparison": ex.comparison.to_dict(orient="records"), "ok": bool(ok)}
+            "comparison": ex.comparison.to_dict(orient="records"), "notes": list(ex.notes), "ok": bool(ok)}
     _emit(args, data, "\n".join(lines))
-    return 1 if args.strict and not ok else 0
+    if args.strict and not ok:
+        why = [] if ex.collectives_match else ["the compiled collectives differ from the predicted ones (see above)"]
+        if not ex.max_rel_error <= args.tolerance:
+            why.append(f"max relative error {ex.max_rel_error:.3g} is above --tolerance {args.tolerance:g}")
+        raise StrictError(f"--strict: {'; '.join(why)}; investigate, or raise --tolerance / drop --strict")
+    return 0
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -227,14 +279,23 @@ def _run_report(args: argparse.Namespace) -> int:
         raise ValueError("report needs MODEL and --mesh (or --all to regenerate the committed reports)")
     from autolayout.report import report
 
+    from autolayout.costmodel.predict import predict
+
     g = _graph(args)
+    for lay in args.layouts or []:  # an illegal layout is an error here, not a note buried in the page
+        try:
+            predict(g, args.mesh, lay, hardware=args.hardware)
+        except ValueError as exc:
+            raise ValueError(f"--layouts {str(lay) or '(replicated)'!r} is illegal on --mesh {args.mesh}: "
+                             f"{' '.join(str(exc).split())}") from exc
     out = args.out or f"reports/{g.name}"
     rep = report(g, args.mesh, args.layouts or [], hardware=args.hardware, execute=not args.no_execute,
                  search=not args.no_search, out=out, title=args.title, scaling=args.scaling,
                  measure_hardware=args.measure_hardware, repeats=args.repeats, progress=not args.quiet)
     data = {"path": str(rep.path), "index": str(rep.path / "index.html"),
             "layouts": rep.table().to_dict(orient="records"), "spearman": rep.spearman if rep.executed else None}
-    return _emit(args, data, f"{rep.intro}\n\nwrote {rep.path / 'index.html'} and {rep.path / 'report.md'}")
+    return _emit(args, data, f"predicted on {_hardware_label(args)}\n\n{rep.intro}\n\n"
+                             f"wrote {rep.path / 'index.html'} and {rep.path / 'report.md'}")
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
@@ -270,21 +331,21 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
     if args.name is not None:
         return _emit(args, args.name.to_dict(), _hardware_text(args.name))
-    rows = [(hw.name, f"{hw.peak('bfloat16') / 1e12:.4g}", fmt_bytes(hw.hbm_bytes), f"{hw.hbm_bandwidth / 1e9:.4g}",
+    rows = [(hw.name + (" (default)" if hw.name == DEFAULT_HARDWARE else ""), f"{hw.peak('bfloat16') / 1e12:.4g}", fmt_bytes(hw.hbm_bytes), f"{hw.hbm_bandwidth / 1e9:.4g}",
              f"{hw.link.bandwidth / 1e9:.4g}", f"{hw.link.latency * 1e6:.3g}") for hw in PROFILES.values()]
     text = text_table(rows, ("profile", "bf16 TFLOP/s", "HBM", "HBM GB/s", "link GB/s", "latency us"))
     return _emit(args, {n: hw.to_dict() for n, hw in PROFILES.items()}, text)
 
 
 def _run_table1(args: argparse.Namespace) -> int:
-    from autolayout.costmodel.table1 import table1
+    from autolayout.reporting.table1 import table1
     from autolayout.reporting.fmt import text_table
 
     df = table1(args.batch, args.d_io, args.d_hidden, n=args.n, r=args.r, c=args.c, p=args.p, hardware=args.hardware)
     rows = [(r.layout, r.mesh, f"{r.comp_flops:.4g}", f"{r.comp_ratio:.3g}", f"{r.allreduced_values:.4g}",
              f"{r.paper_text:.4g}", f"{r.param_values:.4g}", f"{r.paper_memory:.4g}", f"{r.time_ms:.4g}")
             for r in df.itertuples()]
-    text = (f"Mesh-TensorFlow Table 1 (b={args.batch}, d_io={args.d_io}, d_h={args.d_hidden}; {args.hardware.name})\n"
+    text = (f"Mesh-TensorFlow Table 1 (b={args.batch}, d_io={args.d_io}, d_h={args.d_hidden}; {_hardware_label(args)})\n"
             + text_table(rows, ("layout", "mesh", "flops/dev", "/paper", "allreduced", "paper §8", "params/dev",
                                 "paper mem", "time ms"), "<<>>>>>>>"))
     return _emit(args, df.to_dict(orient="records"), text)
@@ -350,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
              "    --layout 'batch:rows;vocab:cols;d_ff:cols;heads:cols' --layout 'batch:rows,cols' --json", model=True)
     p.add_argument("--mesh", type=MESH, required=True, help="e.g. rows:4,cols:2")
     p.add_argument("--layout", type=LAYOUT, action="append", help="layout, e.g. 'batch:rows;hidden:cols' (repeatable)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile name or JSON (default tpu-v3)")
-    p.add_argument("--per-op", type=int, default=0, metavar="N", help="also list the N slowest ops")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
+    p.add_argument("--per-op", type=COUNT, default=0, metavar="N", help="also list the N slowest ops")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_predict)
 
@@ -361,10 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=MESH, default=None, help="e.g. rows:4,cols:2")
     p.add_argument("--num-devices", type=POSITIVE, default=None, help="search mesh shapes of N devices too")
     p.add_argument("--max-axes", type=POSITIVE, default=3, help="most mesh axes with --num-devices (default 3)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile (default tpu-v3)")
-    p.add_argument("--memory-limit", type=MEMORY, default=None, help="bytes per device, e.g. 16GiB (default: HBM)")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
+    p.add_argument("--memory-limit", type=MEMORY, default=None,
+                   help="bytes per device, e.g. 16GiB or 16GB (default: the --hardware profile's HBM)")
     p.add_argument("--no-weight-update-sharding", action="store_true", help="do not shard weight updates")
-    p.add_argument("--time-limit", type=float, default=60, help="solver time limit in seconds (default 60)")
+    p.add_argument("--time-limit", type=SECONDS, default=60, help="solver time limit in seconds (default 60)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_search)
 
@@ -377,8 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("shard_map", "gspmd"), default="shard_map")
     p.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random arguments")
-    p.add_argument("--strict", action="store_true", help="exit 1 unless collectives match and outputs agree")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="relative error allowed with --strict")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 with an error unless collectives match and outputs agree")
+    p.add_argument("--tolerance", type=NONNEGATIVE, default=1e-4, help="relative error allowed with --strict")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_execute)
 
@@ -391,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=MESH, default=None, help="e.g. rows:2,cols:4")
     p.add_argument("--layouts", type=LAYOUT, nargs="+", default=None, metavar="LAYOUT", help="layouts to compare")
     p.add_argument("--out", default=None, help="output directory (default reports/<graph name>)")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"), help="profile (default tpu-v3)")
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--measure-hardware", default=None, metavar="PROFILE",
                    help="profile pricing the executed runs: a name, JSON, or 'calibrate' (default: local devices')")
     p.add_argument("--title", default=None, help="report title")
@@ -422,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--r", type=POSITIVE, default=4, help="rows of the 2-D/3-D mesh")
     p.add_argument("--c", type=POSITIVE, default=2, help="cols of the 2-D/3-D mesh")
     p.add_argument("--p", type=POSITIVE, default=2, help="planes of the 3-D mesh")
-    p.add_argument("--hardware", type=HARDWARE, default=_hardware("tpu-v3"))
+    p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_table1)
 
@@ -434,21 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _needed_devices(argv: Sequence[str]) -> int:
-    """Virtual CPU devices to ask for: 8, or the --mesh size if larger."""
-    from autolayout.core import Mesh
-
-    n = 8
-    for i, a in enumerate(argv):
-        text = argv[i + 1] if a == "--mesh" and i + 1 < len(argv) else a[7:] if a.startswith("--mesh=") else None
-        if text:
-            try:
-                n = max(n, Mesh.parse(text).size)
-            except ValueError:
-                pass
-    return n
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``autolayout`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -457,11 +505,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]  # noqa: SLF001
     if extra and not args.takes_model_options:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.hardware_is_default = not any(a == "--hardware" or a.startswith("--hardware=") for a in argv)
     try:
         if args.command in ("demo", "execute", "calibrate", "report"):
-            # before jax starts: 8 virtual CPU devices (or the mesh's size), unless the user chose
+            # before jax starts: 8 virtual CPU devices, unless the user chose (JAX_NUM_CPU_DEVICES).
+            # Never more behind the user's back: a mesh larger than the devices is an error
+            # that says how to get more.
             from autolayout.reporting.devices import ensure_cpu_devices
-            ensure_cpu_devices(_needed_devices(argv))
+            ensure_cpu_devices()
         if args.takes_model_options and getattr(args, "model", None) is not None:
             from autolayout.reporting.model_spec import apply_options, resolve_model
             args.model_spec = apply_options(resolve_model(args.model), extra, prog=sub.prog)

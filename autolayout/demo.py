@@ -169,8 +169,11 @@ def _einsum_text(g: Graph, c: SignatureClass) -> str:
 def section_calibrate(demo: Demo) -> None:
     """The local devices and their profile (measured on CPUs), and the target profile."""
     from autolayout.core import Mesh
+    import jax
+
+    from autolayout.costmodel.devices import hardware_for_device
     from autolayout.costmodel.hardware import get_hardware
-    from autolayout.reporting.devices import devices_for, platform_hardware
+    from autolayout.reporting.devices import devices_for
 
     mesh = Mesh.parse(demo.mesh)
     devices, note = devices_for(mesh.size)
@@ -180,7 +183,7 @@ def section_calibrate(demo: Demo) -> None:
         demo.hardware = get_hardware(demo.hardware)
         print(f"  target: the built-in {demo.hardware.name} profile (--hardware): predictions and the search are "
               "for it")
-    builtin = platform_hardware(devices or [])
+    builtin = hardware_for_device((devices or jax.devices())[0])
     if not demo.execute and demo.hardware is not None:
         return  # nothing runs here: no local profile needed
     if not demo.calibrate or devices is None or builtin.name != "cpu":
@@ -221,7 +224,7 @@ def section_predict(demo: Demo) -> None:
     hw = demo.hardware
     header(f"4. Predict: per device per step on {mesh} ({hw.name})")
     layouts = [("replicated", "")] + NAMED
-    costs = {name: predict(demo.graph, mesh, lay, hw) for name, lay in layouts}
+    costs = {name: predict(demo.graph, mesh, lay, hardware=hw) for name, lay in layouts}
     demo.extras["costs"] = costs
     rows = [(name, short_layout(c.layout, 44), fmt_time(c.compute_s), fmt_time(c.comm_s), fmt_time(c.time_s),
              fmt_bytes(c.memory_bytes), len(c.collectives)) for name, c in costs.items()]
@@ -233,7 +236,7 @@ def section_search(demo: Demo) -> None:
     """Find the provably fastest layout under the cost model with CP-SAT."""
     header("5. Search: the fastest layout under the cost model (CP-SAT)")
     try:
-        from autolayout.search import search
+        from autolayout.search.api import search
     except ImportError as exc:
         print(f"  search unavailable in this installation: {exc}")
         return
@@ -303,7 +306,7 @@ def section_execute(demo: Demo) -> None:
     with Progress(len(todo), "executing", enabled=demo.progress) as bar:
         for name, lay in todo:
             bar.start(name)
-            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
             try:
                 res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
                                         devices=devices)
@@ -374,7 +377,7 @@ def section_report(demo: Demo) -> None:
     results = demo.extras.get("results")
     if not results:  # not executed: predictions only
         from autolayout.costmodel.predict import predict
-        results = [LayoutResult(n, lay, cost=predict(demo.graph, demo.mesh, lay, demo.hardware))
+        results = [LayoutResult(n, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
                    for n, lay in _layouts_to_run(demo)]
     devices = demo.extras.get("devices") or []
     rep = Report(graph=demo.graph, mesh=Mesh.parse(demo.mesh), hardware=demo.hardware, results=results,

@@ -689,3 +689,16 @@ def _squeeze_to(t: Tensor, x: Any) -> Any:
     if tuple(x.shape) != want:
         x = jnp.reshape(x, want)
     return x
+
+
+class NotAGraphError(ValueError):
+    """A pipeline function got something else than a traced :class:`Graph` as ``graph``."""
+
+
+def require_graph(graph: Any, where: str) -> Graph:
+    """``graph`` itself if it is a :class:`Graph`, else :class:`NotAGraphError` naming the argument."""
+    if not isinstance(graph, Graph):
+        raise NotAGraphError(
+            f"{where}: argument 'graph' must be a traced autolayout Graph (from autolayout.trace(fn, *args, "
+            f"dims=...) or a model of autolayout.models), got {type(graph).__name__} {str(graph)[:60]!r}")
+    return graph

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from autolayout._build import _build
 from autolayout._interpret import _Tracer
 from autolayout._roles import param_roles
+from autolayout.core import LayoutError, _check_name
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph
 
@@ -49,27 +50,83 @@ def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None =
 
     if dims is not None and not isinstance(dims, str):
         dims = " ".join(d if d is not None else "_" for d in dims)
+    for d in (dims or "").split():
+        if d != "_":
+            _check_dim_name(d, f"named(..., {dims!r})")
     tag = NAME_TAG + "|".join(f"{k}={v}" for k, v in (("name", name), ("dims", dims)) if v)
     return checkpoint_name(x, tag)
 
 
-def _lookup(tree: Any, path: Sequence[Any]) -> Any:
-    """Follow a jax key path into a user pytree that may stop early (a prefix)."""
-    from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+def _lookup(tree: Any, path: Sequence[Any], what: str = "dims") -> Any:
+    """Follow a jax key path into a user pytree that may stop early (a prefix).
+
+    Raises :class:`TraceError` naming ``what`` and the argument path when the tree has
+    no entry there (it does not mirror ``args``)."""
+    from jax.tree_util import DictKey, GetAttrKey, SequenceKey, keystr
 
     node = tree
-    for key in path:
+    for i, key in enumerate(path):
         if node is None or isinstance(node, str):
             return node
-        if isinstance(key, DictKey):
-            node = node[key.key]
-        elif isinstance(key, SequenceKey):
-            node = node[key.idx]
-        elif isinstance(key, GetAttrKey):
-            node = getattr(node, key.name)
-        else:
-            node = node[getattr(key, "key", getattr(key, "idx", key))]
+        try:
+            if isinstance(key, DictKey):
+                node = node[key.key]
+            elif isinstance(key, SequenceKey):
+                node = node[key.idx]
+            elif isinstance(key, GetAttrKey):
+                node = getattr(node, key.name)
+            else:
+                node = node[getattr(key, "key", getattr(key, "idx", key))]
+        except (KeyError, IndexError, AttributeError, TypeError) as exc:
+            raise TraceError(
+                f"{what} does not mirror args: no entry for argument {keystr(tuple(path[:i + 1]))} "
+                f"(in {type(node).__name__} {_short(node)}); give {what} the structure of args, or a prefix "
+                f"of it, or None for an argument to infer") from exc
     return node
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_mirror(tree: Any, args: Any, what: str) -> None:
+    """Every entry of the user pytree ``tree`` (``dims``/``roles``) names an argument: an
+    entry that matches no part of ``args`` is an error, not ignored. (Walks both side by
+    side; ``None``/a string/a tuple of names ends the walk: it covers the whole subtree.)"""
+    from collections.abc import Mapping
+
+    def bad(path: str) -> TraceError:
+        return TraceError(f"{what} has an entry {path} that matches no argument; "
+                          f"give {what} the structure of args (or a prefix of it)")
+
+    def walk(node: Any, arg: Any, path: str) -> None:
+        if node is None or isinstance(node, str) or (path and _is_names(node)):
+            return
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if not isinstance(arg, Mapping) or k not in arg:
+                    raise bad(f"{path}[{k!r}]")
+                walk(v, arg[k], f"{path}[{k!r}]")
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):  # a namedtuple: jax keys its fields
+            for k, v in zip(node._fields, node):
+                if not hasattr(arg, k):
+                    raise bad(f"{path}.{k}")
+                walk(v, getattr(arg, k), f"{path}.{k}")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                if not isinstance(arg, (list, tuple)) or i >= len(arg):
+                    raise bad(f"{path}[{i}]")
+                walk(v, arg[i], f"{path}[{i}]")
+
+    walk(tree, args, "")
+
+
+def _check_dim_name(name: str, where: str) -> None:
+    try:
+        _check_name(name, "dim name")
+    except LayoutError as exc:
+        raise TraceError(f"{where}: {exc} (those characters separate dims and mesh axes in layouts)") from exc
 
 
 def _is_names(x: Any) -> bool:
@@ -133,6 +190,9 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     from jax._src.interpreters import partial_eval as pe
     live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     closed = closed.replace(jaxpr=live)
+    for tree, what in ((dims, "dims"), (roles, "roles")):
+        if tree is not None:
+            _check_mirror(tree, args, what)
     tr = _Tracer()
     in_vals, in_names, in_roles = [], [], []
     plain = [(_path_str(p[1:]) if len(p) > 1 else "") for p, _ in flat]
@@ -143,7 +203,7 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         top = arg_names[path[0].idx] if arg_names and path[0].idx < len(arg_names) else f"arg{path[0].idx}"
         short = plain[k]
         tname = short if short and counts[short] == 1 else "/".join(x for x in (top, short) if x)
-        role = _lookup(roles, path) if roles is not None else None
+        role = _lookup(roles, path, "roles") if roles is not None else None
         role = role or "input"
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
@@ -159,6 +219,8 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
                     f"gives {len(names)} names {names}: give one name per axis, e.g. "
                     f"{' '.join(f'd{i}' for i in range(len(aval.shape)))!r}")
             for n, size, slot in zip(names, aval.shape, v.slots):
+                if n not in (None, "_"):
+                    _check_dim_name(n, f"dims of argument {tname!r}")
                 if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
                     tr.name_slot(slot, n, f"argument {tname!r} of shape {tuple(aval.shape)}")
         tr.add(_Pending(role, role, role, v, [], [], None, None, 1, "", role=role, path_name=tname))

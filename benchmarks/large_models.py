@@ -74,7 +74,7 @@ def main(argv=None) -> None:
         print(f"\n== {name}: {run.model.fn}({', '.join(f'{k}={v}' for k, v in kw.items())})")
         print(f"   mesh {mesh} on {hw.name} ({hw.hbm_bytes / GIB:.1f} GiB per device); traced in {trace_s:.1f} s")
         try:
-            hand = predict(g, mesh, hand_layout, hw)
+            hand = predict(g, mesh, hand_layout, hardware=hw)
             print(f"   by hand  {hand_layout}: {hand.time_s:.3f} s/step, MFU {hand.mfu:.1%}, "
                   f"{hand.memory_bytes / GIB:.2f} GiB ({fmt_mem(hand.memory)})")
         except Exception as e:  # a hand layout that does not apply is reported, not hidden

@@ -31,7 +31,7 @@ def main() -> None:
             times = []
             for _ in range(5):
                 t = time.perf_counter()
-                c = predict(g, "rows:16,cols:16,planes:16", lay, "tpu-v4")
+                c = predict(g, "rows:16,cols:16,planes:16", lay, hardware="tpu-v4")
                 times.append(time.perf_counter() - t)
             print(f"  predict {lay:60s} first {times[0] * 1e3:6.1f} ms, median of rest "
                   f"{statistics.median(times[1:]) * 1e3:6.1f} ms -> step {c.time_s:.2f} s, MFU {c.mfu:.1%}, "

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         if lay is None:
             row["own"] = "pipeline parallelism: not expressible"
         else:
-            c = predict(g, mesh, lay, hw)
+            c = predict(g, mesh, lay, hardware=hw)
             row.update(own=lay, own_mfu=c.mfu, own_time=c.time_s, own_mem=c.memory_bytes, own_fits=c.fits,
                        own_exposed=c.exposed_comm_s, own_compute=c.compute_s)
             print(f"   published layout {lay}: {c.time_s:.3f} s/step, MFU {c.mfu:.1%} (HFU {c.hfu:.1%}), "

@@ -35,7 +35,7 @@ def mlp() -> None:
             alts["2-D"] = "batch:rows;hidden:cols"
         print(f"{what:>26} {sizes} on {mesh}: search -> {str(r.layout)!r} {r.cost.time_s * 1e3:.3f} ms")
         for name, lay in alts.items():
-            c = predict(g, mesh, lay, "tpu-v3")
+            c = predict(g, mesh, lay, hardware="tpu-v3")
             print(f"{'':>28}{name:>15} {lay!r:32} {c.time_s * 1e3:8.3f} ms (compute {c.compute_s * 1e3:.3f}, "
                   f"comm {c.comm_s * 1e3:.3f})")
 
@@ -46,7 +46,7 @@ def _axes(mesh: str) -> list:
 
 def _row(name: str, g, mesh: str, lay, hw: str) -> str:
     try:
-        c = predict(g, mesh, lay, hw)
+        c = predict(g, mesh, lay, hardware=hw)
     except LayoutError as e:
         return f"  {name:>18} {str(lay)[:58]:58} invalid: {str(e)[:60]}"
     by_axis = defaultdict(float)

@@ -71,7 +71,7 @@ def exhaustive() -> None:
         best, n = None, 0
         for lay in enumerate_layouts(g, mesh):
             n += 1
-            c = predict(g, mesh, lay, "tpu-v3")
+            c = predict(g, mesh, lay, hardware="tpu-v3")
             if best is None or c.time_s < best[0]:
                 best = (c.time_s, lay)
         ex_s = time.perf_counter() - t

@@ -66,7 +66,7 @@ def explore_layouts() -> list:
              '    "2-D (paper §9)": "batch:rows;heads:cols;d_ff:cols;vocab:cols",\n'
              '    "replicated": "",\n'
              '}\n'
-             'costs = {name: autolayout.predict(big, MESH, lay, "tpu-v4") for name, lay in layouts.items()}\n'
+             'costs = {name: autolayout.predict(big, MESH, lay, hardware="tpu-v4") for name, lay in layouts.items()}\n'
              'for name, c in costs.items():\n'
              '    print(f"{name:16s} {c.summary()}")'),
         code('names = list(costs)\n'
@@ -97,7 +97,7 @@ def explore_layouts() -> list:
            "the best one needs:"),
         code('try:\n'
              '    autolayout.search(big, MESH, hardware="tpu-v4", memory_limit=8 * 2**30)\n'
-             'except autolayout.search.SearchError as exc:   # a ValueError, like every autolayout error\n'
+             'except autolayout.SearchError as exc:   # a ValueError, like every autolayout error\n'
              '    print(str(exc)[:300], "...")'),
         md("## 4. Execute and validate\n\nLayouts never change results, so the layout chosen for the TPU can be "
            "checked here on the small model: run it as one `jax.shard_map` program on the local devices, compare "

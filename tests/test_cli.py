@@ -259,3 +259,89 @@ def test_python_m_report_is_the_report_command():
     proc = subprocess.run([sys.executable, "-m", "autolayout.report", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "--all" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------- honest answers (issue 14)
+@pytest.mark.parametrize("args, needles", [
+    (["search", *MLP, *MESH, "--num-devices", "8"], ["--mesh", "--num-devices", "not both"]),
+    (["search", *MLP, *MESH, "--time-limit", "-5"], ["--time-limit", "positive number of seconds", "'-5'"]),
+    (["search", *MLP, *MESH, "--time-limit", "0"], ["--time-limit", "positive"]),
+    (["predict", *MLP, *MESH, "--per-op", "-1"], ["--per-op", "count >= 0", "'-1'"]),
+    (["execute", *MLP, *MESH, "--tolerance", "-1"], ["--tolerance", ">= 0"]),
+    (["execute", *MLP, "--mesh", "rows:16", "--layout", "batch:rows"],
+     ["--mesh rows:16", "needs 16 devices", "JAX_NUM_CPU_DEVICES=16", "smaller --mesh"]),
+    (["report", *MLP, *MESH, "--layouts", "batch:rows", "batch:rows;hidden:rows", "--no-execute", "--no-search",
+      "--out", "/tmp/autolayout-test-illegal"], ["--layouts 'batch:rows;hidden:rows' is illegal on --mesh rows:2,cols:4"]),
+], ids=["mesh-and-num-devices", "negative-time-limit", "zero-time-limit", "negative-per-op", "negative-tolerance",
+        "mesh-bigger-than-devices", "report-illegal-layout"])
+def test_more_bad_arguments_give_one_line_errors(args, needles, capsys):
+    code, _, err = run(args, capsys)
+    assert code == 2
+    assert_one_line_error(code, err, *needles)
+
+
+def test_report_with_an_illegal_layout_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "rep"
+    code, _, err = run(["report", *MLP, *MESH, "--layouts", "batch:rows;hidden:rows", "--no-execute", "--no-search",
+                        "--out", str(out), "--quiet"], capsys)
+    assert code == 2 and not out.exists()
+    assert_one_line_error(code, err, "--layouts", "illegal")
+
+
+def test_hardware_file_without_link(tmp_path, capsys):
+    bad = tmp_path / "nolink.json"
+    bad.write_text('{"name": "x", "peak_flops": {"float32": 1e12}, "hbm_bytes": 1e9, "hbm_bandwidth": 1e11}')
+    code, _, err = run(["predict", *MLP, *MESH, "--hardware", str(bad)], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, "--hardware", "nolink.json", "missing required field(s) ['link']")
+    bad.write_text("{oops")
+    code, _, err = run(["predict", *MLP, *MESH, "--hardware", str(bad)], capsys)
+    assert_one_line_error(code, err, "nolink.json", "is not valid JSON")
+
+
+def test_user_function_that_raises(tmp_path, monkeypatch, capsys):
+    (tmp_path / "raising_models.py").write_text(textwrap.dedent("""
+        def broken():
+            return 1 / 0
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(["predict", "raising_models:broken", "--mesh", "all:8"], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, "raising_models:broken raised ZeroDivisionError: division by zero",
+                          "--traceback")
+
+
+def test_strict_failure_is_a_one_line_error(capsys):
+    # --tolerance 0 with a layout that sums partial products across devices: float rounding
+    # makes the sharded result differ from the reference, so --strict must fail
+    code, out, err = run(["execute", *MLP, *MESH, "--layout", "hidden:cols", "--repeats", "1", "--strict",
+                          "--tolerance", "0"], capsys)
+    assert "max abs error" in out  # the run is still shown
+    assert code == 2
+    assert_one_line_error(code, err, "--strict", "above --tolerance 0", "raise --tolerance")
+
+
+def test_memory_limit_is_the_one_displayed(capsys):
+    code, out, _ = run(["search", *MLP, *MESH, "--memory-limit", "1GiB"], capsys)
+    assert code == 0 and "of 1 GiB (--memory-limit)" in out and "HBM" not in out
+    data = run_json(["search", *MLP, *MESH, "--memory-limit", "1GB"], capsys)
+    assert data["memory_limit_bytes"] == 1e9 and data["cost"]["memory_bytes"] <= 1e9
+    code, out, _ = run(["search", *MLP, *MESH], capsys)
+    assert "(HBM of tpu-v3)" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["predict", *MLP, *MESH, "--layout", "batch:rows"],
+    ["search", *MLP, *MESH],
+    ["table1", "--batch", "256", "--d-io", "64", "--d-hidden", "256"],
+], ids=["predict", "search", "table1"])
+def test_every_output_names_its_hardware(args, capsys):
+    code, out, _ = run(args, capsys)
+    assert code == 0 and "hardware tpu-v3 (default; choose with --hardware)" in out
+    code, out, _ = run(args + ["--hardware", "tpu-v4"], capsys)
+    assert code == 0 and "hardware tpu-v4" in out and "(default" not in out
+
+
+def test_hardware_listing_marks_the_default(capsys):
+    code, out, _ = run(["hardware"], capsys)
+    assert code == 0 and "tpu-v3 (default)" in out and out.count("(default)") == 1

@@ -65,7 +65,7 @@ def test_tpu_v2_paper_mesh_counts_cores():
 def test_tpu_v3_link_derivation_reproduces_newer_generations():
     # The v3 per-link figure is derived from "all-reduce bandwidth per pod" / chips / links.
     # The same derivation must give scaling-book's one-way figures for v4, v5e, v6e.
-    assert 1.1e15 / 4096 / 6 == pytest.approx(45e9, rel=0.01)
+    assert 1.1e15 / 4096 / 6 == pytest.approx(get_hardware("tpu-v4").link.bandwidth / 2, rel=0.01)
     assert 51.2e12 / 256 / 4 == pytest.approx(get_hardware("tpu-v5e").link.bandwidth / 2)
     assert 102.4e12 / 256 / 4 == pytest.approx(get_hardware("tpu-v6e").link.bandwidth / 2)
 
@@ -214,3 +214,59 @@ def test_link_validation(kwargs, match):
 def test_link_dict_round_trip_property(bw, lat, topology):
     link = Link(bw, lat, topology)
     assert Link.from_dict(json.loads(json.dumps(link.to_dict()))) == link
+
+
+# -------------------------------------------------- detection and profile files (issue 14)
+class _Device:
+    def __init__(self, kind: str) -> None:
+        self.device_kind = kind
+
+
+@pytest.mark.parametrize("kind, name", [
+    # kinds as jax/_src/pallas/mosaic/tpu_info.py (jax 0.10.2) names them
+    ("TPU v2", "tpu-v2"), ("TPU v3", "tpu-v3"), ("TPU v4", "tpu-v4"),
+    ("TPU v5 lite", "tpu-v5e"), ("TPU v5e", "tpu-v5e"),
+    ("TPU v5", "tpu-v5p"), ("TPU v5p", "tpu-v5p"),  # "TPU v5" is v5p, not v5e
+    ("TPU v6 lite", "tpu-v6e"),
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("cpu", "cpu"),
+], ids=lambda x: x if " " not in x else None)
+def test_device_kind_maps_exactly(kind, name):
+    from autolayout.costmodel.devices import hardware_for_device
+    assert hardware_for_device(_Device(kind)).name == name
+
+
+@pytest.mark.parametrize("kind", ["TPU v4 lite", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "TPU v7", "", "gpu"])
+def test_unknown_device_kind_is_an_error(kind):
+    from autolayout.costmodel.devices import UnknownDeviceError, hardware_for_device
+    with pytest.raises(UnknownDeviceError, match=rf"no built-in hardware profile for device kind {kind!r}.*"
+                                                 r"pass hardware= .*autolayout calibrate --out profile.json"):
+        hardware_for_device(_Device(kind))
+    assert issubclass(UnknownDeviceError, ValueError)
+
+
+def test_one_detection_table():
+    """The device-kind table lives in costmodel.devices only (the runner calls it)."""
+    import inspect
+
+    from autolayout.exec import runner
+    src = inspect.getsource(runner)
+    assert "hardware_for_device" in src and '"v5"' not in src and "'v5'" not in src
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", r"hardware profile '.*bad.json' is not valid JSON: Expecting property name .* line 1 column 2"),
+    ('{"name": "x", "peak_flops": {"float32": 1e12}, "hbm_bytes": 1e9, "hbm_bandwidth": 1e11}',
+     r"hardware profile '.*bad.json': missing required field\(s\) \['link'\]"),
+    ('{"name": "x", "peak_flops": {"float32": 1e12}, "hbm_bytes": 1e9, "hbm_bandwidth": 1e11, "link": {"latency": 1}}',
+     r"'.*bad.json': link needs \['bandwidth', 'latency'\]"),
+    ('{"name": "x", "peak_flops": {"float32": 1e12}, "hbm_bytes": 1e9, "hbm_bandwidth": 1e11, "link": 5}',
+     r"'.*bad.json': link must be an object"),
+    ("[1, 2]", r"'.*bad.json': a hardware profile is a JSON object, got list"),
+], ids=["not-json", "no-link", "link-without-bandwidth", "link-not-object", "list"])
+def test_bad_profile_files_name_the_file(content, match, tmp_path):
+    from autolayout.costmodel.hardware import HardwareFileError
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(HardwareFileError, match=match):
+        get_hardware(str(path))
+    assert issubclass(HardwareFileError, ValueError)

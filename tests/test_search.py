@@ -75,10 +75,10 @@ def oracle(g, mesh, hw, memory_limit=INF):
     scored.sort(key=lambda s: (s[0], s[1]))
     if math.isinf(memory_limit):
         best = scored[0]
-        assert predict(g, mesh, best[2], hw).time_s == pytest.approx(best[0], rel=1e-12)
+        assert predict(g, mesh, best[2], hardware=hw).time_s == pytest.approx(best[0], rel=1e-12)
         return best[0], best[2]
     for total, _, lay in scored:  # fastest layout that fits
-        if predict(g, mesh, lay, hw).memory_bytes <= memory_limit:
+        if predict(g, mesh, lay, hardware=hw).memory_bytes <= memory_limit:
             return total, lay
     return None
 
@@ -87,8 +87,8 @@ def assert_exact(r: SearchResult) -> None:
     """The solver's objective is predict's time of the returned layout (within the integer scaling)."""
     assert r.status == "OPTIMAL"
     assert r.gap == 0.0
-    assert r.cost.time_s == pytest.approx(r.objective, rel=1e-9, abs=r.tolerance_s)
-    assert r.bound <= r.objective
+    assert r.cost.time_s == pytest.approx(r.objective_s, rel=1e-9, abs=r.tolerance_s)
+    assert r.bound_s <= r.objective_s
     assert r.num_variables > 0 and r.num_constraints > 0
 
 
@@ -223,7 +223,7 @@ def test_budget_below_any_layout_raises_with_the_smallest_memory():
 def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
     g = graph(name)
     free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
-    mems = sorted({predict(g, mesh, lay, hw).memory_bytes for lay in enumerate_layouts(g, Mesh.parse(mesh))})
+    mems = sorted({predict(g, mesh, lay, hardware=hw).memory_bytes for lay in enumerate_layouts(g, Mesh.parse(mesh))})
     if free.cost.memory_bytes == mems[0]:
         # the fastest layout is also the leanest (donated buffers can make data-parallel so):
         # any smaller budget is infeasible, and the minimum itself gives that layout back
@@ -315,16 +315,16 @@ def test_time_out_returns_a_layout_not_an_exception():
     g = graph("transformer")
     r = search(g, "rows:2,cols:2", memory_limit=INF, time_limit_s=1e-4)
     assert r.status in ("OPTIMAL", "FEASIBLE")
-    assert r.bound <= r.objective + r.tolerance_s and 0.0 <= r.gap
+    assert r.bound_s <= r.objective_s + r.tolerance_s and 0.0 <= r.gap
     exact = search(g, "rows:2,cols:2", memory_limit=INF)
     assert r.cost.time_s >= exact.cost.time_s * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({}, LayoutError, "needs a mesh_shape"),
-    ({"mesh_shape": "rows:2,cols:4", "num_devices": 4}, LayoutError, "not num_devices=4"),
-    ({"mesh_shape": "all:8", "memory_limit": 0}, SearchError, "positive number of bytes"),
-    ({"mesh_shape": "rows:2;cols:4"}, LayoutError, "cannot read mesh axis"),
+    ({}, LayoutError, "needs a mesh \\("),
+    ({"mesh": "rows:2,cols:4", "num_devices": 4}, LayoutError, "not num_devices=4"),
+    ({"mesh": "all:8", "memory_limit": 0}, SearchError, "positive number of bytes"),
+    ({"mesh": "rows:2;cols:4"}, LayoutError, "cannot read mesh axis"),
     ({"num_devices": 0}, LayoutError, "positive integer"),
 ], ids=["no-mesh", "mesh-vs-num-devices", "zero-memory", "bad-mesh", "zero-devices"])
 def test_errors(kwargs, error, match):
@@ -342,7 +342,7 @@ def test_non_power_of_two_data_parallel_search_equals_predict(mesh):
     r = search(g, mesh, hardware="h100", memory_limit=INF)
     assert_exact(r)
     assert r.layout.update_sharding  # the weight updates are sharded over the data axis
-    assert r.cost.memory_bytes < predict(g, mesh, Layout(r.layout.rules), "h100").memory_bytes
+    assert r.cost.memory_bytes < predict(g, mesh, Layout(r.layout.rules), hardware="h100").memory_bytes
 
 
 def storage_oracle(g, mesh, hw, memory_limit=INF):
@@ -359,7 +359,7 @@ def storage_oracle(g, mesh, hw, memory_limit=INF):
             for r in range(1, len(mesh) + 1):
                 for axes in itertools.combinations(mesh.axis_names, r):
                     try:
-                        predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hw)
+                        predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hardware=hw)
                         ok.append(axes)
                     except LayoutError:
                         pass
@@ -368,7 +368,7 @@ def storage_oracle(g, mesh, hw, memory_limit=INF):
         for combo in itertools.product(*choices):
             entries = [c for c in combo if c is not None]
             try:
-                c = predict(g, mesh, Layout(lay.rules, entries), hw)
+                c = predict(g, mesh, Layout(lay.rules, entries), hardware=hw)
             except LayoutError:
                 continue  # e.g. stage 1 where the gradient path is not linear
             if c.memory_bytes <= memory_limit and (best is None or c.time_s < best[0]):
@@ -403,7 +403,7 @@ def test_search_with_storage_stages_equals_exhaustive_minimum(limit_frac):
     g, mesh, hw = adam_mlp(4096, 1024, 4096), "rows:2,cols:2", "tpu-v3"
     limit = INF
     if limit_frac is not None:
-        limit = int(predict(g, mesh, "batch:rows,cols", hw).memory_bytes * limit_frac)
+        limit = int(predict(g, mesh, "batch:rows,cols", hardware=hw).memory_bytes * limit_frac)
     want = storage_oracle(g, mesh, hw, limit)
     r = search(g, mesh, hardware=hw, memory_limit=limit)
     assert_exact(r)
@@ -411,3 +411,102 @@ def test_search_with_storage_stages_equals_exhaustive_minimum(limit_frac):
     assert r.cost.time_s == pytest.approx(want[0], rel=1e-9, abs=r.tolerance_s)
     if limit_frac is not None:
         assert any(stage == 3 for _, _, stage in r.layout.storage), str(r.layout)
+
+
+# ------------------------------------------------------- honest time-outs (issue 14)
+def _layout_memories(g, mesh, hw="tpu-v3"):
+    """Peak memory per device of every layout ``enumerate_layouts`` lists (exhaustive reference)."""
+    return sorted({predict(g, mesh, lay, hardware=hw).memory_bytes for lay in enumerate_layouts(g, Mesh.parse(mesh))})
+
+
+def _assert_fits(r, g, limit, hw="tpu-v3"):
+    """The returned layout fits, by predict of the layout itself, and its status tells the truth."""
+    mem = predict(g, r.mesh, r.layout, hardware=hw).memory_bytes
+    assert mem == r.cost.memory_bytes <= limit, f"{r.layout} needs {mem} B > limit {limit} B"
+    assert r.status in ("OPTIMAL", "FEASIBLE")
+    assert r.bound_s <= r.objective_s + r.tolerance_s and r.gap >= 0
+    if r.status == "OPTIMAL":
+        assert r.gap == 0
+    else:
+        assert r.notes, "a FEASIBLE result says why"
+
+
+@pytest.fixture
+def no_cp_sat_solution(monkeypatch):
+    """CP-SAT reports that the time limit came before it had any solution (status UNKNOWN)."""
+    from autolayout.search import solver
+    real = solver._status
+    monkeypatch.setattr(solver, "_status", lambda code, model=None: "UNKNOWN" if model is not None else real(code))
+
+
+def test_time_out_without_a_solution_returns_the_warm_start_only_if_it_fits(no_cp_sat_solution):
+    g, mesh, kw = graph("mlp"), "rows:2,cols:4", dict(MTF, shard_weight_update=False)  # enumerate_layouts' space
+    r = search(g, mesh, memory_limit=INF, time_limit_s=1e-4, **kw)  # the warm start, labelled honestly
+    assert r.status == "FEASIBLE" and any("warm start" in n for n in r.notes)
+    warm_bytes = r.cost.memory_bytes
+    smallest = _layout_memories(g, mesh)[0]
+    assert smallest < warm_bytes, "the test needs a warm start above the smallest memory"
+    r = search(g, mesh, memory_limit=warm_bytes, time_limit_s=1e-4, **kw)
+    _assert_fits(r, g, warm_bytes)
+    assert r.status == "FEASIBLE"
+    with pytest.raises(SearchError, match=r"ran out before the search found a layout .* within memory_limit "
+                                          rf"{smallest} B .* needs {warm_bytes} B\. Raise time_limit_s") as exc:
+        search(g, mesh, memory_limit=smallest, time_limit_s=1e-4, **kw)
+    assert exc.value.reason == "time" and isinstance(exc.value, ValueError)
+
+
+def test_layout_warns_when_not_proven_optimal(no_cp_sat_solution):
+    from autolayout.search import SearchWarning
+    with pytest.warns(SearchWarning, match=r"status FEASIBLE: layout .* not proven fastest \(gap"):
+        lay = layout(graph("mlp"), "rows:2,cols:4", memory_limit=INF, time_limit_s=1e-4)
+    assert isinstance(lay, Layout)
+
+
+def test_mesh_shape_search_time_out_never_over_the_limit(no_cp_sat_solution):
+    g = graph("mlp")
+    warm = {str(m): search(g, m, memory_limit=INF, time_limit_s=1e-4).cost.memory_bytes for m in mesh_shapes(8)}
+    limit = sorted(warm.values())[1]  # some meshes' warm starts fit, at least one does not
+    r = search(g, num_devices=8, memory_limit=limit, time_limit_s=1e-4)
+    _assert_fits(r, g, limit)
+    assert r.status == "FEASIBLE"
+    assert {str(m): why for m, why in r.mesh_failures} == {m: "time" for m, b in warm.items() if b > limit} != {}
+    assert {str(m) for m, t in r.meshes if t is None} == {m for m, b in warm.items() if b > limit}
+    with pytest.raises(SearchError, match="no mesh shape of 8 devices has a layout found within the time limit") as e:
+        search(g, num_devices=8, memory_limit=min(warm.values()) - 1, time_limit_s=1e-4)
+    assert e.value.reason == "time"
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 1.0, 2.0], ids=lambda f: f"limit-x{f}")
+def test_tiny_time_budget_with_finite_limit(fraction):
+    """No patching: whatever CP-SAT manages in 0.1 ms, the answer fits or is an error saying why."""
+    g, mesh = graph("transformer"), "rows:2,cols:2"
+    limit = int(predict(g, mesh, "batch:rows,cols", hardware="tpu-v3").memory_bytes * fraction)
+    try:
+        r = search(g, mesh, memory_limit=limit, time_limit_s=1e-4, remat="none")
+    except SearchError as e:
+        assert e.reason in ("time", "memory")
+        assert ("Raise time_limit_s" if e.reason == "time" else "Raise memory_limit") in str(e)
+    else:
+        _assert_fits(r, g, limit)
+
+
+def test_hypothesis_random_limits_and_budgets_never_over_the_limit():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    g, mesh = graph("moe"), "rows:2,cols:2"
+    mems = _layout_memories(g, mesh)
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(limit=st.integers(mems[0] // 2, mems[-1] * 2), budget=st.floats(1e-4, 0.3))
+    def check(limit, budget):
+        try:
+            r = search(g, mesh, memory_limit=limit, time_limit_s=budget, regions=False)
+        except SearchError as e:
+            assert e.reason in ("time", "memory")
+            if e.reason == "memory":  # proven: below every layout's memory (storage sharding may go lower)
+                assert limit < mems[0]
+        else:
+            _assert_fits(r, g, limit)
+
+    check()

@@ -303,6 +303,21 @@ USER_ERRORS = [
      rf"autolayout.named at .*{THIS_FILE}.*two axes named 'p'"),
     ("named-wrong-count", lambda: trace(lambda x: named(x, "p"), X46),
      rf"autolayout.named at .*{THIS_FILE}.*1 names \['p'\] for a value of shape \(4, 6\)"),
+    # dims and roles mirror args (issue 14): a missing, extra or misnamed entry names the path
+    ("dims-wrong-key", lambda: trace(lambda p: p["w"] * 2, {"w": X46}, dims=({"v": "a b"},)),
+     r"dims has an entry \[0\]\['v'\] that matches no argument"),
+    ("dims-extra-key", lambda: trace(lambda p: p["w"] * 2, {"w": X46}, dims=({"w": "a b", "b": "c"},)),
+     r"dims has an entry \[0\]\['b'\] that matches no argument"),
+    ("dims-extra-argument", lambda: trace(lambda x: x * 2, X46, dims=("a b", "c d")),
+     r"dims has an entry \[1\] that matches no argument"),
+    ("dims-missing-key", lambda: trace(lambda p: p["w"] * p["u"], {"w": X46, "u": X46}, dims=({"w": "a b"},)),
+     r"dims does not mirror args: no entry for argument \[0\]\['u'\]"),
+    ("roles-extra-key", lambda: trace(lambda p: p["w"] * 2, {"w": X46}, roles=({"w": "param", "z": "param"},)),
+     r"roles has an entry \[0\]\['z'\] that matches no argument"),
+    ("dim-name-with-colon", lambda: trace(lambda x: x * 2, X46, dims=("batch:x d",)),
+     r"dims of argument 'x': dim name .* got 'batch:x'"),
+    ("named-dim-with-semicolon", lambda: trace(lambda x: named(x, "a;b c"), X46),
+     r"named\(\.\.\., 'a;b c'\): dim name .* got 'a;b'"),
 ]
 
 

@@ -95,6 +95,26 @@ class Link:
         return cls(**dict(d))
 
 
+class HardwareFileError(ValueError):
+    """A hardware profile file that is not JSON or not a valid profile."""
+
+
+def _link_from(d: Any, where: str) -> Link:
+    """A :class:`Link` from its JSON form, with errors that name the field."""
+    if isinstance(d, Link):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{where} must be an object with bandwidth, latency and topology, got {d!r}")
+    names = {f.name for f in dataclasses.fields(Link)}
+    required = {f.name for f in dataclasses.fields(Link) if f.default is dataclasses.MISSING}
+    if set(d) - names or required - set(d):
+        raise ValueError(f"{where} needs {sorted(required)} (optional: {sorted(names - required)}), got {sorted(d)}")
+    try:
+        return Link.from_dict(d)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
 # dtype spellings people use -> the key used in ``Hardware.peak_flops``.
 _DTYPE_ALIASES = {
     "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
@@ -259,15 +279,32 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Hardware:
-        """Inverse of :meth:`to_dict`; missing optional fields take defaults."""
+        """Inverse of :meth:`to_dict`; missing optional fields take defaults.
+
+        Raises:
+            ValueError: a required field (``name``, ``peak_flops``, ``hbm_bytes``,
+                ``hbm_bandwidth``, ``link``) is missing, a field is unknown or malformed.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a hardware profile is a JSON object, got {type(d).__name__}")
         d = dict(d)
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(fields)
         if unknown:
-            raise ValueError(f"Unknown Hardware field(s): {sorted(unknown)}")
-        d["link"] = Link.from_dict(d["link"])
-        d["axis_links"] = tuple((a, Link.from_dict(l)) for a, l in dict(d.get("axis_links", {})).items())
+            raise ValueError(f"Unknown Hardware field(s): {sorted(unknown)}; known: {sorted(fields)}")
+        missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"missing required field(s) {missing}; a profile written by Hardware.save or "
+                             "'autolayout calibrate --out FILE' has them all (see 'autolayout hardware tpu-v4 --json')")
+        d["link"] = _link_from(d["link"], "link")
+        d["axis_links"] = tuple((a, _link_from(l, f"axis_links[{a!r}]"))
+                                for a, l in dict(d.get("axis_links", {})).items())
         d["sources"] = tuple(d.get("sources", ()))
-        return cls(**d)
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise ValueError(f"malformed profile: {exc}") from exc
 
     def save(self, path: PathLike) -> None:
         """Write the profile as JSON to ``path``."""
@@ -275,8 +312,21 @@ class Hardware:
 
     @classmethod
     def load(cls, path: PathLike) -> Hardware:
-        """Read a profile written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            HardwareFileError: (a ``ValueError``) the file is not JSON or not a valid
+                profile; the message names the file and what is wrong.
+            OSError: the file cannot be read.
+        """
+        text = Path(path).read_text()
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise HardwareFileError(f"hardware profile {str(path)!r} is not valid JSON: {exc.msg} at line "
+                                    f"{exc.lineno} column {exc.colno}") from exc
+        except ValueError as exc:
+            raise HardwareFileError(f"hardware profile {str(path)!r}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------
@@ -558,6 +608,11 @@ CPU = Hardware(
 PROFILES: dict[str, Hardware] = {
     hw.name: hw for hw in (TPU_V2, TPU_V3, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, H100, H200, CPU)
 }
+
+# The target profile of `predict`, `search`, `layout` and `report` (and of the CLI's
+# `--hardware`) when none is given: the TPU generation of the Mesh-TensorFlow paper's §9
+# experiments that the committed reports reproduce. Every output names the profile it used.
+DEFAULT_HARDWARE = "tpu-v3"
 
 # Slow (inter-host) links to put on a data-centre mesh axis with
 # ``hw.with_axis_link(axis, SLOW_LINKS[hw.name])``. Per-device share of the host NIC.

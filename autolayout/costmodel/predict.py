@@ -7,12 +7,12 @@ import numpy as np
 from typing import Any, Iterable
 
 from autolayout.core import Layout, Mesh
-from autolayout.costmodel.hardware import Hardware, get_hardware
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from autolayout.costmodel.memory import peak_memory
 from autolayout.costmodel.overlap import domain_of, forward_ops, overlappable, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
-from autolayout.graph import Graph
+from autolayout.graph import Graph, require_graph
 
 __all__ = ["Cost", "predict", "price_plan", "resolve_layout", "layouts_table", "model_flops"]
 
@@ -85,23 +85,26 @@ class Cost:
                 f"{'' if self.fits else ' (DOES NOT FIT)'}, {len(self.collectives)} collectives")
 
 
-def predict(graph: Graph, mesh: Any, layout: Any = None, hardware: Any = "tpu-v3") -> Cost:
+def predict(graph: Graph, mesh: Any, layout: Any = None, *, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     """Predict per-device time and memory of one call of ``graph`` under ``layout``.
 
     Prices :func:`~autolayout.costmodel.plan.plan`: every op's local compute (roofline) and
     every collective step (:func:`~autolayout.costmodel.collectives.collective_time`), and
     the peak of the tensors' local bytes by liveness (:mod:`~autolayout.costmodel.memory`).
 
+    ``hardware`` is a profile name, :class:`~autolayout.costmodel.hardware.Hardware` or
+    JSON path; default :data:`~autolayout.costmodel.hardware.DEFAULT_HARDWARE` (``"tpu-v3"``).
+
     Example::
 
         g = autolayout.models.mlp(batch=1024, d_io=512, d_hidden=2048)
-        c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", "tpu-v3")
+        c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", hardware="tpu-v3")
         c.time_s, c.comm_bytes, c.memory["params"]
     """
-    return price_plan(plan(graph, mesh, layout), hardware)
+    return price_plan(plan(require_graph(graph, "predict"), mesh, layout), hardware)
 
 
-def price_plan(p: Plan, hardware: Any = "tpu-v3") -> Cost:
+def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     """Price a :class:`~autolayout.costmodel.plan.Plan` on ``hardware`` (see :func:`predict`)."""
     import pandas as pd
 
@@ -161,14 +164,14 @@ def model_flops(graph: Graph) -> tuple[float, str]:
     return total, (max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "float32")
 
 
-def layouts_table(graph: Graph, mesh: Any, layouts: Iterable[Any], hardware: Any = "tpu-v3") -> Any:
+def layouts_table(graph: Graph, mesh: Any, layouts: Iterable[Any], *, hardware: Any = DEFAULT_HARDWARE) -> Any:
     """A DataFrame comparing named layouts: time, compute, comm, memory per device."""
     import pandas as pd
 
     rows = []
     for lay in layouts:
         name, lay = (lay if isinstance(lay, tuple) else (str(Layout.coerce(lay)) or "(replicated)", lay))
-        c = predict(graph, mesh, lay, hardware)
+        c = predict(graph, mesh, lay, hardware=hardware)
         rows.append({"layout": name, "time_ms": c.time_s * 1e3, "compute_ms": c.compute_s * 1e3,
                      "comm_ms": c.comm_s * 1e3, "comm_MB": c.comm_bytes / 1e6,
                      "memory_MiB": c.memory_bytes / 2 ** 20, "fits": c.fits})

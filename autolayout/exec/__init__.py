@@ -38,7 +38,7 @@ machine with 8 virtual CPU devices.
 from __future__ import annotations
 
 from autolayout.exec.calibrate import calibrate
-from autolayout.exec.runner import ArgumentError, Execution, NotEnoughDevicesError, execute
+from autolayout.exec.runner import ArgumentError, Execution, NotEnoughDevicesError, OutputMismatchError, execute
 from autolayout.exec.hlo import HloCollective, parse_collectives
 from autolayout.exec.local_ops import LoweringError
 
@@ -48,6 +48,7 @@ __all__ = [
     "HloCollective",
     "LoweringError",
     "NotEnoughDevicesError",
+    "OutputMismatchError",
     "calibrate",
     "execute",
     "parse_collectives",

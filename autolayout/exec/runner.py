@@ -10,13 +10,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from autolayout.core import Layout, Mesh
+from autolayout.costmodel.devices import hardware_for_device
 from autolayout.costmodel.hardware import get_hardware
 from autolayout.costmodel.plan import plan as make_plan
 from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
-from autolayout.graph import Graph, align
+from autolayout.graph import Graph, align, require_graph
 
-__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "BACKENDS"]
+__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS"]
 
 BACKENDS = ("shard_map", "gspmd")
 
@@ -27,6 +28,11 @@ class NotEnoughDevicesError(ValueError):
 
 class ArgumentError(ValueError):
     """``args`` do not have the traced function's argument structure or shapes."""
+
+
+class OutputMismatchError(ValueError):
+    """The sharded run produced NaN or infinity where the unsharded reference did not (or the
+    other way round): no error figure could describe that."""
 
 
 @dataclass
@@ -167,13 +173,9 @@ def _jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
 
 
 def default_hardware(jmesh: Any) -> Any:
-    """The built-in profile for the devices of ``jmesh`` (``cpu`` when unknown)."""
-    kind = str(jmesh.devices.flat[0].device_kind).lower()
-    for key, name in (("h200", "h200"), ("h100", "h100"), ("v6", "tpu-v6e"), ("v5p", "tpu-v5p"),
-                      ("v5", "tpu-v5e"), ("v4", "tpu-v4"), ("v3", "tpu-v3"), ("v2", "tpu-v2")):
-        if key in kind:
-            return get_hardware(name)
-    return get_hardware("cpu")
+    """The built-in profile of the devices of ``jmesh``, by exact device kind
+    (:func:`~autolayout.costmodel.devices.hardware_for_device`; an unknown kind is an error)."""
+    return hardware_for_device(jmesh.devices.flat[0])
 
 
 # ------------------------------------------------------------------------------- args
@@ -219,8 +221,25 @@ def check_args(graph: Graph, args: Any) -> list[Any]:
         shape = tuple(np.shape(leaf))
         if tuple(s for s in shape if s != 1) != tuple(s for s in wshape if s != 1):
             raise ArgumentError(f"argument {wpath} has shape {shape}, expected {wshape} {dims}")
+        have = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+        got = _dtype_kind(have)
+        if got != _dtype_kind(dtype):
+            raise ArgumentError(f"argument {wpath} has dtype {np.dtype(have)} ({got}), but the function was traced with {np.dtype(dtype)} ({_dtype_kind(dtype)}); "
+                                f"pass a {_dtype_kind(dtype)} array, e.g. x.astype('{np.dtype(dtype)}')")
         leaves.append(leaf)
     return leaves
+
+
+def _dtype_kind(dtype: Any) -> str:
+    """``"float"``, ``"integer"``, ``"bool"`` or ``"complex"``: what an argument must match
+    (widths may differ: arguments are cast to the traced dtype)."""
+    import jax.numpy as jnp
+
+    for kind, base in (("bool", jnp.bool_), ("complex", jnp.complexfloating), ("float", jnp.floating),
+                       ("integer", jnp.integer)):
+        if jnp.issubdtype(dtype, base):
+            return kind
+    return str(np.dtype(dtype))
 
 
 def make_args(graph: Graph, seed: int, shardings: Sequence[Any] | None = None) -> Any:
@@ -308,19 +327,44 @@ def _to_tensor(graph: Graph, name: str, leaf: Any) -> Any:
     return jnp.reshape(jnp.asarray(leaf), tuple(d.size for d in t.shape)).astype(t.dtype)
 
 
-def _errors(outputs: Any, reference: Any) -> tuple[float, float]:
+def _errors(outputs: Any, reference: Any) -> tuple[float, float, list[str]]:
+    """``(max abs error, max relative error, notes)`` of ``outputs`` against ``reference``.
+
+    NaN-aware (``max(0.0, nan)`` is ``0.0`` in Python, so NaN must be handled before
+    taking maxima): a value that is NaN or infinite in one and not the same in the other
+    raises :class:`OutputMismatchError`; values NaN in both (or the same infinity) are not
+    compared and a note says how many there are; the errors cover the remaining values.
+    """
     import jax
 
-    abs_err, rel_err = 0.0, 0.0
-    for a, b in zip(jax.tree_util.tree_leaves(outputs), jax.tree_util.tree_leaves(reference)):
+    abs_err, rel_err, notes = 0.0, 0.0, []
+    flat_out = jax.tree_util.tree_flatten_with_path(outputs)[0]
+    for (path, a), b in zip(flat_out, jax.tree_util.tree_leaves(reference)):
+        where = "output " + (jax.tree_util.keystr(path) or "(the only one)")
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         if a.size == 0:
             continue
-        err = float(np.max(np.abs(a - b)))
+        both_nan = np.isnan(a) & np.isnan(b)
+        same_inf = np.isinf(a) & (a == b)
+        finite = np.isfinite(a) & np.isfinite(b)
+        odd = ~(finite | both_nan | same_inf)
+        if odd.any():
+            idx = tuple(int(i) for i in np.argwhere(odd)[0])
+            raise OutputMismatchError(
+                f"{where}: {int(odd.sum())} of {a.size} values are NaN or infinite in only one of the sharded run "
+                f"and the unsharded reference (first at index {idx}: sharded {float(a[idx])!r}, reference {float(b[idx])!r}); "
+                "the layout's program computes something else than the traced function")
+        if both_nan.any() or same_inf.any():
+            notes.append(f"{where}: {int(both_nan.sum())} NaN and {int(same_inf.sum())} infinite values of {a.size} "
+                         "are the same in the sharded run and the unsharded reference (the traced function itself "
+                         "produces them); the errors compare the other values only")
+        if not finite.any():
+            continue
+        err = float(np.max(np.abs(a[finite] - b[finite])))
         abs_err = max(abs_err, err)
-        rel_err = max(rel_err, err / max(float(np.max(np.abs(b))), 1e-30))
-    return abs_err, rel_err
+        rel_err = max(rel_err, err / max(float(np.max(np.abs(b[finite]))), 1e-30))
+    return abs_err, rel_err, notes
 
 
 # ---------------------------------------------------------------------------- execute
@@ -340,8 +384,11 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     ``devices``, default ``jax.devices()``) or a ``jax.sharding.Mesh``. ``args``
     has the traced function's argument structure; ``None`` draws them from
     ``seed``. The step is timed ``repeats`` times after one warm-up run.
-    ``hardware`` (a profile, its name or a JSON path) prices the prediction;
-    default: the built-in profile of the devices at hand. ``reference=False``
+    ``hardware`` (keyword-only: a profile, its name or a JSON path) prices the
+    prediction; default: the built-in profile of the devices at hand, by their exact
+    device kind (an unknown kind raises ``UnknownDeviceError`` naming it) — the run is
+    compared with a prediction for the machine it ran on, so unlike ``predict`` and
+    ``search`` the default is not ``DEFAULT_HARDWARE``. ``reference=False``
     skips the unsharded reference run (errors are then NaN). ``compiler_options``
     go to XLA for the step and the reference (e.g. ``{"xla_backend_optimization_level": 0}``
     compiles ~2x faster on CPU; the tests use it).
@@ -355,6 +402,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     """
     import jax
 
+    require_graph(graph, "execute")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     amesh, jmesh = _jax_mesh(mesh, devices)
@@ -401,9 +449,9 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         ref_args = jax.tree_util.tree_unflatten(graph.in_tree, squeezed)
         ref_fn = jax.jit(graph.evaluate).lower(*ref_args).compile(compiler_options=compiler_options)
         ref = ref_fn(*ref_args)
-        abs_err, rel_err = _errors(outputs, ref)
+        abs_err, rel_err, output_notes = _errors(outputs, ref)
     else:
-        ref, abs_err, rel_err = None, float("nan"), float("nan")
+        ref, abs_err, rel_err, output_notes = None, float("nan"), float("nan"), []
 
     n = amesh.size
     pre = tuple(hlo.parse_collectives(hlo_text, n, amesh.axes))
@@ -425,7 +473,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         compiled_collectives=compiled_colls, optimized_collectives=post, predicted=cost,
         collectives_match=match, xla_flops=float(ca.get("flops", float("nan"))),
         xla_bytes_accessed=float(ca.get("bytes accessed", float("nan"))), xla_memory=mem,
-        compile_s=compile_s, notes=tuple(dict.fromkeys(_xla_notes(graph))), _step=stepper)
+        compile_s=compile_s, notes=tuple(dict.fromkeys(output_notes + _xla_notes(graph))), _step=stepper)
     ex.comparison = comparison_table(ex)
     return ex
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout
 from autolayout.reporting.page import Cell, Page
 
-__all__ = ["generate_all", "REPORTS", "table1_report", "paper_transformer_report", "wus_report", "scaling_display"]
+__all__ = ["generate_all", "REPORTS", "table1_report", "paper_transformer_report", "wus_report"]
 
 COMMAND = "autolayout report --all"
 
@@ -33,26 +33,14 @@ def _pct(x: float) -> str:
     return f"{x:+.0%}" if abs(x) >= 0.01 else f"{x:+.2%}"
 
 
-def scaling_display(df: Any) -> Any:
-    """The §8.6 scaling table (``reporting.paper.mlp_scaling``) as a reader sees it."""
-    import pandas as pd
-
-    return pd.DataFrame({
-        "layout": df.layout_family.str.split(" ").str[0], "mesh": df.mesh, "devices": df.devices,
-        "batch": df.batch, "d_hidden": df.d_hidden, "d_io": df.d_io,
-        "efficiency (% of peak)": [f"{e:.1%}" for e in df.efficiency],
-        "step time": [fmt_time(t / 1e3) for t in df.time_ms], "memory / device": [fmt_bytes(m * 2**30) for m in df.memory_GiB],
-        "fits in HBM": df.fits})
-
-
 # ------------------------------------------------------------------------------- table1
 def table1_report(out: Path, hardware: str = "tpu-v3") -> Page:
     """Table 1 of the paper (b=1024, d_io=1024, d_h=4096; n=8, 4x2, 4x2x2) beside our predictions."""
     import pandas as pd
 
-    from autolayout.costmodel.table1 import table1
+    from autolayout.reporting.table1 import table1
     from autolayout.reporting import plots
-    from autolayout.reporting.paper import mlp_scaling
+    from autolayout.reporting.paper import mlp_scaling, scaling_display
 
     df = table1(hardware=hardware)
     split = df[df.paper_text > 0]
@@ -127,7 +115,7 @@ def paper_transformer_report(out: Path) -> Page:
     paper_util = PAPER["mtf_lm_pflops"] / PAPER["mtf_lm_peak_pflops"]
     searched = None
     try:
-        from autolayout.search import search
+        from autolayout.search.api import search
         searched = search(g, lm.mesh, hardware=lm.hardware, time_limit_s=60)
     except (ImportError, ValueError) as exc:
         search_note = f"search unavailable: {exc}"

@@ -38,7 +38,9 @@ def search_scaling_report(out: Path, hardware: str = "tpu-v4", depths: tuple[int
     from autolayout import models
     from autolayout.core import Mesh
     from autolayout.reporting import plots
-    from autolayout.search import SearchError, enumerate_layouts, search
+    from autolayout.search.api import search
+    from autolayout.search.errors import SearchError
+    from autolayout.search.space import enumerate_layouts
 
     rows = []
     graphs = {}
@@ -155,7 +157,7 @@ def _run(graph: Any, name: str, layouts: list[tuple[str, Any]], hw: Any, devices
     for label, lay in layouts:
         bar.start(f"{name} {label}")
         ex = execute(graph, VALIDATION_MESH, lay, hardware=hw, repeats=repeats, devices=devices)
-        placeholder = predict(graph, VALIDATION_MESH, lay, "cpu")
+        placeholder = predict(graph, VALIDATION_MESH, lay, hardware="cpu")
         rows.append({"model": name, "layout": label, "rules": str(ex.layout), "predicted_ms": ex.predicted.time_s * 1e3,
                      "compute_ms": ex.predicted.compute_s * 1e3, "comm_ms": ex.predicted.comm_s * 1e3,
                      "placeholder_ms": placeholder.time_s * 1e3, "measured_ms": min(ex.step_times_s) * 1e3,
@@ -181,7 +183,8 @@ def validation_report(out: Path, repeats: int = 7, transformer: bool = True) -> 
     from autolayout.reporting import plots
     from autolayout.reporting.devices import devices_for
     from autolayout.reporting.progress import Progress
-    from autolayout.search import enumerate_layouts, search
+    from autolayout.search.api import search
+    from autolayout.search.space import enumerate_layouts
 
     devices, note = devices_for(8)
     if devices is None:

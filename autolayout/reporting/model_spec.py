@@ -27,11 +27,11 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from autolayout.models import MODELS, default_sizes
 
-__all__ = ["ZOO_DEFAULTS", "ModelSpec", "resolve_model", "model_options_help", "ModelError"]
+__all__ = ["ZOO_DEFAULTS", "ModelError", "ModelSpec", "OneLineParser", "model_options_help", "resolve_model"]
 
 
 class ModelError(ValueError):
@@ -59,6 +59,11 @@ class ModelSpec:
             graph = self.fn(**self.kwargs)
         except TypeError as exc:
             raise ModelError(f"{self.label}: {exc}") from exc
+        except ValueError:
+            raise  # autolayout's own errors (TraceError, LayoutError, ...) say what is wrong already
+        except Exception as exc:  # noqa: BLE001  (the user's code: any error, re-raised with its name)
+            raise ModelError(f"MODEL {self.label} raised {type(exc).__name__}: {' '.join(str(exc).split())} "
+                             "(fix the function, or rerun with --traceback to see where it failed)") from exc
         if not isinstance(graph, Graph):
             raise ModelError(
                 f"{self.label} returned {type(graph).__name__}, not an autolayout Graph; return "
@@ -95,6 +100,16 @@ def _value(text: str) -> Any:
     return text
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``autolayout search: error: ... (see 'autolayout search --help')``.
+
+    The command line's parser and the MODEL options' parsers both use it.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
 def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
     try:
         sig = inspect.signature(fn)
@@ -106,8 +121,6 @@ def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
 
 def option_parser(fn: Callable[..., Any], prog: str) -> argparse.ArgumentParser:
     """An argparse parser with one option per keyword parameter of ``fn``."""
-    from autolayout.cli import OneLineParser  # one-line errors, like the main parser
-
     parser = OneLineParser(prog=prog, add_help=False, allow_abbrev=False)
     for p in _params(fn):
         kind = _kind(p)

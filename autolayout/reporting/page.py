@@ -158,7 +158,7 @@ class Page:
         return out
 
     def _footer(self) -> str:
-        from autolayout import __version__
+        from autolayout.version import __version__
 
         when = datetime.date.today().isoformat()
         how = f" Regenerate with <code>{html.escape(self.command)}</code>." if self.command else ""

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from autolayout.reporting.fmt import fmt_bytes, fmt_time
+
 __all__ = ["PAPER", "mlp_scaling", "paper_transformer", "table2_models", "wus_transformer",
            "update_time", "PaperLM", "WusCase"]
 
@@ -64,7 +66,7 @@ def mlp_scaling(hardware: Any = "tpu-v3", ks: tuple[int, ...] = (1, 2, 4, 8, 16,
 
     def add(family: str, k: int, mesh: str, layout: str, b: int, h: int, io: int) -> None:
         g = models.mlp(b, io, h, param_dtype=dtype)
-        c = predict(g, mesh, layout, hardware)
+        c = predict(g, mesh, layout, hardware=hardware)
         rows.append({"layout_family": family, "layout": layout or "(replicated)", "mesh": mesh,
                      "hardware": c.hardware.name,
                      "devices": math.prod(s for _, s in c.mesh.axes), "batch": b, "d_hidden": h, "d_io": io,
@@ -106,9 +108,21 @@ def paper_transformer(hardware: Any = "tpu-v2", layout: str = PAPER_LM_LAYOUT, m
 
     hw = get_hardware(hardware)
     g = graph if graph is not None else models.transformer_lm(**PAPER_LM_SIZES)
-    c = predict(g, mesh, layout, hw)
+    c = predict(g, mesh, layout, hardware=hw)
     devices = c.mesh.size
     return PaperLM(g, c, hw, layout, mesh, g.flops() / c.time_s / 1e15, devices * hw.peak("bfloat16") / 1e15)
+
+
+def scaling_display(df: Any) -> Any:
+    """The §8.6 scaling table (:func:`mlp_scaling`) as a reader sees it."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "layout": df.layout_family.str.split(" ").str[0], "mesh": df.mesh, "devices": df.devices,
+        "batch": df.batch, "d_hidden": df.d_hidden, "d_io": df.d_io,
+        "efficiency (% of peak)": [f"{e:.1%}" for e in df.efficiency],
+        "step time": [fmt_time(t / 1e3) for t in df.time_ms], "memory / device": [fmt_bytes(m * 2**30) for m in df.memory_GiB],
+        "fits in HBM": df.fits})
 
 
 def table2_models() -> Any:
@@ -167,11 +181,11 @@ def wus_transformer(cores: int = 2048, batch: int = 2048, mesh: str = "rows:32,c
     for p in g.params():
         cand = lay.with_update_sharding(p.name, m.axis_names)
         try:
-            predict(g, m, cand, hardware)
+            predict(g, m, cand, hardware=hardware)
         except ValueError:
             continue  # no gradient all-reduce over these axes for this parameter
         lay = cand
-    c0, c1 = predict(g, m, base, hardware), predict(g, m, lay, hardware)
+    c0, c1 = predict(g, m, base, hardware=hardware), predict(g, m, lay, hardware=hardware)
     return WusCase(f"{cores} cores, batch {batch}", cores, batch, str(m), g, c0, c1,
                    update_time(c0, g), update_time(c1, g), lay)
 

@@ -1,19 +1,25 @@
 """Layout search (DESIGN §5): the provably fastest layout under the cost model, by CP-SAT.
 
->>> from autolayout import models, search
+>>> from autolayout import models
+>>> from autolayout.search.api import layout
 >>> g = models.mlp(batch=65536, d_io=1024, d_hidden=1024)
->>> str(search.layout(g, "all:8", shard_weight_update=False))
+>>> str(layout(g, "all:8", shard_weight_update=False))
 'batch:all'
+
+``autolayout.search`` (the top-level name) is the function :func:`~autolayout.search.api.search`;
+this package stays importable by its full module names (``import autolayout.search.api``).
 
 Modules: ``space`` (valid layouts, the exhaustive :func:`enumerate_layouts`),
 ``tables`` (cost-model figures per dim group and assignment), ``wus``
 (weight-update sharding options), ``liveness`` (memory per schedule point),
-``model`` (the CP-SAT model), ``solver`` (solve loop), ``api`` (entry points).
+``model`` (the CP-SAT model), ``solver`` (solve loop), ``api`` (entry points),
+``errors`` (:class:`SearchError`). Importing the package does not import ortools;
+the first search does.
 """
 from __future__ import annotations
 
 from autolayout.search.api import SearchResult, layout, mesh_shapes, search
-from autolayout.search.solver import SearchError
+from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.space import enumerate_layouts
 
-__all__ = ["SearchError", "SearchResult", "enumerate_layouts", "layout", "mesh_shapes", "search"]
+__all__ = ["SearchError", "SearchResult", "SearchWarning", "enumerate_layouts", "layout", "mesh_shapes", "search"]

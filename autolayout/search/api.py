@@ -4,41 +4,46 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
-from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
-from autolayout.graph import Graph
-from autolayout.search.model import Decoded
-from autolayout.search.solver import SearchError, solve
+from autolayout.graph import Graph, require_graph
+from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
+from autolayout.units import SizeError, parse_bytes
 
-__all__ = ["SearchResult", "layout", "search", "mesh_shapes"]
+__all__ = ["SearchResult", "SearchWarning", "layout", "mesh_shapes", "search"]
 
 
 @dataclass(frozen=True)
 class SearchResult:
     """The best layout found and how sure the solver is about it.
 
-    ``objective`` and ``bound`` are in seconds per step (the solver's integer
-    objective converted back, see model.py); ``gap = (objective - bound) /
-    objective`` (0 when OPTIMAL). ``cost`` is ``predict``'s result for
-    ``layout`` — its ``time_s`` equals ``objective`` to within
+    ``objective_s`` and ``bound_s`` are in seconds per step (the solver's integer
+    objective converted back, see model.py); ``gap = (objective_s - bound_s) /
+    objective_s`` (0 when OPTIMAL). ``cost`` is ``predict``'s result for
+    ``layout`` — its ``time_s`` equals ``objective_s`` to within
     ``tolerance_s`` (the integer scaling). ``solve_time_s`` is the wall time
     of the whole call (tables, model, CP-SAT, validation); ``cp_sat_time_s``
     CP-SAT's share. With a mesh-shape search, ``meshes`` lists each mesh tried
-    with its best predicted time (``None`` where nothing fits).
+    with its best predicted time (``None`` where no layout was found) and
+    ``mesh_failures`` says why for those: ``"memory"`` (proven: nothing fits) or
+    ``"time"`` (the time limit came first). ``status`` is ``OPTIMAL`` (proven
+    fastest) or ``FEASIBLE`` (fits, not proven fastest: see ``gap`` and ``notes``);
+    ``cost.memory_bytes`` never exceeds the memory limit.
     """
 
     layout: Layout
     cost: Cost
     status: str
-    objective: float
-    bound: float
+    objective_s: float
+    bound_s: float
     gap: float
     solve_time_s: float
     num_variables: int
@@ -48,6 +53,7 @@ class SearchResult:
     cp_sat_time_s: float = 0.0
     memory_rows: int = 0
     meshes: tuple = ()
+    mesh_failures: tuple = ()
     notes: tuple = field(default=())
 
     def summary(self) -> str:
@@ -57,38 +63,37 @@ class SearchResult:
                 f"{self.solve_time_s:.3f} s")
 
 
-def _layout_of(tables: Tables, point: Decoded) -> Layout:
-    """The layout of a solution; storage entries as one ``*`` entry when every parameter has
-    the same one."""
-    params = [t.name for t in tables.graph.params()]
-    entries = [(p, *point.wus[p]) for p in params if p in point.wus]
-    if entries and len(entries) == len(params) and len({e[1:] for e in entries}) == 1:
-        entries = [("*", *entries[0][1:])]
-    return tables.space.layout_of(point.axes_of, entries)
-
-
-def layout(graph: Graph, mesh_shape: Any, *, hardware: Any = "tpu-v3", memory_limit: float | None = None,
+def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None,
            shard_weight_update: bool = True, time_limit_s: float = 60) -> Layout:
-    """The layout of ``graph`` on ``mesh_shape`` with the smallest predicted step time.
+    """The layout of ``graph`` on ``mesh`` with the smallest predicted step time.
+
+    :func:`search`'s layout alone. When the search stopped at its time limit (status
+    ``FEASIBLE``: the layout fits but is not proven fastest) a :class:`SearchWarning`
+    says so with the gap; call :func:`search` for the status, gap and notes.
 
     Example::
 
         g = autolayout.models.mlp(batch=1024, d_io=512, d_hidden=2048)
-        autolayout.search.layout(g, "rows:4,cols:2")   # Layout('batch:rows;hidden:cols')
+        autolayout.layout(g, "rows:4,cols:2")   # Layout('batch:rows;hidden:cols')
     """
-    return search(graph, mesh_shape, hardware=hardware, memory_limit=memory_limit,
-                  shard_weight_update=shard_weight_update, time_limit_s=time_limit_s).layout
+    r = search(graph, mesh, hardware=hardware, memory_limit=memory_limit,
+               shard_weight_update=shard_weight_update, time_limit_s=time_limit_s)
+    if r.status != "OPTIMAL":
+        warnings.warn(f"search status {r.status}: layout {str(r.layout) or '(replicated)'!r} fits but is not proven "
+                      f"fastest (gap {r.gap:.1%} after time_limit_s={time_limit_s:g}); raise time_limit_s, or call "
+                      f"autolayout.search for the status, gap and notes", SearchWarning, stacklevel=2)
+    return r.layout
 
 
-def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
-           hardware: Any = "tpu-v3", memory_limit: float | None = None, shard_weight_update: bool = True,
+def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
+           hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None, shard_weight_update: bool = True,
            time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
            remat: str | None = None) -> SearchResult:
     """Find the layout (and weight-update sharding) minimising ``predict(...).time_s``.
 
     Args:
         graph: a traced graph (e.g. from :mod:`autolayout.models`).
-        mesh_shape: anything ``Mesh.parse`` accepts (``"rows:16,cols:32"``,
+        mesh: anything ``Mesh.parse`` accepts (``"rows:16,cols:32"``,
             ``{"rows": 16}``, ``[("rows", 16), ("cols", 32)]``, ``(16, 32)``).
             Omit it and give ``num_devices`` to search mesh shapes too.
         num_devices, max_axes: mesh-shape search over the factorisations of
@@ -97,11 +102,13 @@ def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = No
             ``rows, cols``; ``rows, cols, planes``). Ties keep the mesh with
             fewer axes.
         hardware: a profile name or :class:`~autolayout.costmodel.Hardware`.
-        memory_limit: bytes per device; default the profile's ``hbm_bytes``;
-            ``math.inf`` for no limit.
+        memory_limit: bytes per device (a number, or a size such as ``"16GiB"`` or
+            ``"16GB"`` as the CLI reads it); default the profile's ``hbm_bytes``;
+            ``math.inf`` (or ``"inf"``) for no limit.
         shard_weight_update: also decide storage sharding (ZeRO stage 1-3) per parameter.
-        time_limit_s: CP-SAT time budget; on time-out the best layout found is
-            returned with status ``FEASIBLE`` and its gap.
+        time_limit_s: CP-SAT time budget; on time-out the best layout found that
+            fits ``memory_limit`` is returned with status ``FEASIBLE`` and its gap
+            (and a note). A layout over ``memory_limit`` is never returned.
         regions: also decide region rules (``length@norm:x``, sequence parallelism).
         remat: rematerialisation policy of the step's scans (:mod:`autolayout.remat`):
             ``None`` chooses the fastest that fits among ``"none"``, ``"full"`` and
@@ -110,54 +117,85 @@ def search(graph: Graph, mesh_shape: Any = None, *, num_devices: int | None = No
 
     Raises:
         SearchError: (a ``LayoutError``/``ValueError``) if no layout fits in
-            ``memory_limit``; the message states the smallest achievable memory
-            and a layout that reaches it.
+            ``memory_limit`` (``reason == "memory"``; the message states the smallest
+            achievable memory and a layout that reaches it), or if the time limit
+            ran out before a layout that fits was found (``reason == "time"``; the
+            message says what was found).
     """
     start = time.perf_counter()
+    require_graph(graph, "search")
     hw = get_hardware(hardware)
-    limit = float(hw.hbm_bytes if memory_limit is None else memory_limit)
-    if not limit > 0:
-        raise SearchError(f"memory_limit must be a positive number of bytes per device, got {memory_limit!r}")
-    if mesh_shape is None:
+    try:
+        limit = float(hw.hbm_bytes if memory_limit is None else parse_bytes(memory_limit))
+    except SizeError as exc:
+        raise SearchError(f"memory_limit must be a positive number of bytes per device or a size such as "
+                          f"'16GiB' or '16GB', got {memory_limit!r}") from exc
+    if mesh is None:
         if num_devices is None:
-            raise LayoutError("search needs a mesh_shape (e.g. 'rows:4,cols:2') or num_devices=N")
+            raise LayoutError("search needs a mesh (e.g. 'rows:4,cols:2') or num_devices=N")
         return _search_meshes(graph, num_devices, max_axes, hw, limit, shard_weight_update, time_limit_s,
                               num_workers, random_seed, start)
-    if num_devices is not None and Mesh.parse(mesh_shape).size != num_devices:
-        raise LayoutError(f"mesh {Mesh.parse(mesh_shape)} has {Mesh.parse(mesh_shape).size} devices, "
+    if num_devices is not None and Mesh.parse(mesh).size != num_devices:
+        raise LayoutError(f"mesh {Mesh.parse(mesh)} has {Mesh.parse(mesh).size} devices, "
                           f"not num_devices={num_devices}; give one of them")
-    mesh = Mesh.parse(mesh_shape)
+    mesh = Mesh.parse(mesh)
     if remat is None:
         policies = ["none", "full", "dots"] if remat_pairs(graph) else ["none"]
     else:
         policies = [remat or "none"]
-    best, errors = None, []
+    results, errors = [], []
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
         try:
-            r = _search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
-                            max(left / (len(policies) - i), 0.05), num_workers, random_seed, start)
+            results.append(_search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
+                                       max(left / (len(policies) - i), 0.05), num_workers, random_seed, start))
         except SearchError as e:
-            errors.append((policy, e))
-            continue
-        if best is None or r.cost.time_s < best.cost.time_s * (1 - 1e-12):
-            best = r
-    if best is None:
+            errors.append((f"remat={policy}", e))
+    return _best_of(results, errors, limit, start)
+
+
+def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]], limit: float,
+             start: float, meshes: tuple = (), mesh_failures: tuple = ()) -> SearchResult:
+    """The fastest of several searches (remat policies, mesh shapes), honestly labelled.
+
+    It is ``OPTIMAL`` only when every search was (a search that proved that nothing fits
+    counts as done); a search that ran out of time makes it ``FEASIBLE``, with the bound
+    the smallest of all bounds (0 when a timed-out search had none) and a note.
+    """
+    if not results:
         if len(errors) == 1:
             raise errors[0][1]
-        raise SearchError(" | ".join(f"remat={p}: {e}" for p, e in errors))
-    return dataclasses.replace(best, solve_time_s=time.perf_counter() - start)
+        reason = "time" if any(e.reason == "time" for _, e in errors) else "memory"
+        raise SearchError(" | ".join(f"{what}: {e}" for what, e in errors), reason=reason)
+    best = min(results, key=lambda r: r.cost.time_s)  # min keeps the first of equal times
+    for r in results:
+        if r.cost.memory_bytes > limit:
+            raise RuntimeError(f"internal: search returned layout {str(r.layout)!r} with {r.cost.memory_bytes} B "
+                               f"per device, above memory_limit {limit:.6g} B")
+    timed_out = [(what, e) for what, e in errors if e.reason == "time"]
+    bounds = [r.bound_s for r in results] + [e.bound_s if e.bound_s is not None else 0.0 for _, e in timed_out]
+    bound = min(min(bounds), best.objective_s)
+    optimal = not timed_out and all(r.status == "OPTIMAL" for r in results)
+    gap = 0.0 if optimal else max((best.objective_s - bound) / best.objective_s, 0.0) if best.objective_s > 0 else 0.0
+    notes = list(best.notes) + [f"{what}: {' '.join(str(e).split())}" for what, e in timed_out]
+    return dataclasses.replace(best, status="OPTIMAL" if optimal else "FEASIBLE", bound_s=bound, gap=gap,
+                               solve_time_s=time.perf_counter() - start, notes=tuple(notes), meshes=meshes,
+                               mesh_failures=mesh_failures)
 
 
 def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
                 time_limit_s: float, num_workers: int, random_seed: int, start: float) -> SearchResult:
     """The exact search for one remat policy."""
+    # the solver (and ortools with it) is imported on the first search, which keeps
+    # `import autolayout` cheap; it is a lower module of this package, not a cycle
+    from autolayout.search.solver import layout_of, solve
+
     g = rematerialize(graph, policy)
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
     sol = solve(tables, wus, limit, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed)
-    lay = _layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
-    cost = predict(graph, mesh, lay, hw)
+    lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
+    cost = predict(graph, mesh, lay, hardware=hw)
     if math.isfinite(limit) and cost.memory_bytes != sol.peak_bytes:
         raise RuntimeError(f"internal: search memory {sol.peak_bytes} B != predict {cost.memory_bytes} B for "
                            f"layout {str(lay)!r}; search/liveness.py no longer mirrors costmodel/memory.py")
@@ -167,7 +205,7 @@ def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, re
     gap = (sol.objective_s - sol.bound_s) / sol.objective_s if sol.objective_s > 0 else 0.0
     if sol.status == "OPTIMAL":
         gap = 0.0
-    return SearchResult(layout=lay, cost=cost, status=sol.status, objective=sol.objective_s, bound=sol.bound_s,
+    return SearchResult(layout=lay, cost=cost, status=sol.status, objective_s=sol.objective_s, bound_s=sol.bound_s,
                         gap=max(gap, 0.0), solve_time_s=time.perf_counter() - start,
                         num_variables=sol.num_variables, num_constraints=sol.num_constraints, mesh=mesh,
                         tolerance_s=sol.tolerance_s, cp_sat_time_s=sol.solve_time_s,
@@ -202,7 +240,7 @@ def mesh_shapes(num_devices: int, max_axes: int = 3) -> list[Mesh]:
 
 def _search_meshes(graph, num_devices, max_axes, hw, limit, wus, time_limit_s, workers, seed, start):
     meshes = mesh_shapes(num_devices, max_axes)
-    best, tried, errors = None, [], []
+    results, tried, errors, failures = [], [], [], []
     for i, mesh in enumerate(meshes):
         left = time_limit_s - (time.perf_counter() - start)
         share = max(left / (len(meshes) - i), 0.05)
@@ -211,13 +249,15 @@ def _search_meshes(graph, num_devices, max_axes, hw, limit, wus, time_limit_s, w
                        time_limit_s=share, num_workers=workers, random_seed=seed)
         except SearchError as e:
             tried.append((mesh, None))
-            errors.append(str(e))
+            errors.append((f"mesh {mesh}", e))
+            failures.append((mesh, e.reason))
             continue
         tried.append((mesh, r.cost.time_s))
-        if best is None or r.cost.time_s < best.cost.time_s * (1 - 1e-12):
-            best = r
-    if best is None:
-        raise SearchError(f"no mesh shape of {num_devices} devices fits memory_limit {limit:.6g} B: "
-                          + " | ".join(errors))
-    import dataclasses
-    return dataclasses.replace(best, solve_time_s=time.perf_counter() - start, meshes=tuple(tried))
+        results.append(r)
+    if not results:
+        what = ("fits memory_limit" if all(e.reason == "memory" for _, e in errors)
+                else "has a layout found within the time limit that fits memory_limit")
+        raise SearchError(f"no mesh shape of {num_devices} devices {what} {limit:.6g} B: "
+                          + " | ".join(f"{m}: {e}" for m, e in errors),
+                          reason="memory" if what.startswith("fits") else "time")
+    return _best_of(results, errors, limit, start, meshes=tuple(tried), mesh_failures=tuple(failures))

@@ -27,8 +27,13 @@ graph order, stage 3 before 2 before 1; at most one is on). Its optimum is uniqu
 (for up to 62 slots): among the layouts of minimal (integer-scaled) time, the one
 that leaves earlier dims unsplit / on later axes, and shards no parameter's storage
 it need not, at the lowest stage that does as well. The same inputs
-thus give the same layout. (If the time solve stops at the time limit, the
-best layout found is returned with status FEASIBLE and its gap.)
+thus give the same layout.
+
+**Time limit.** If the time solve stops at the time limit, the best layout found that
+fits the memory limit is returned with status FEASIBLE and its gap: CP-SAT's solution
+when it fits, else the warm start when it fits. A layout over the limit is never
+returned: without a fitting one, :class:`SearchError` says the time ran out and what
+was found.
 """
 from __future__ import annotations
 
@@ -38,17 +43,24 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autolayout.core import LayoutError
+from autolayout.core import Layout
+from autolayout.search.errors import SearchError
 from autolayout.search.liveness import live_points, peak_of
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
 
-__all__ = ["SearchError", "Solved", "solve", "min_memory", "greedy"]
+__all__ = ["SearchError", "Solved", "greedy", "layout_of", "min_memory", "solve"]
 
 
-class SearchError(LayoutError):
-    """No layout satisfies the request (e.g. the memory budget is below what any layout needs)."""
+def layout_of(tables: Tables, point: Decoded) -> Layout:
+    """The layout of a solution; storage entries as one ``*`` entry when every parameter has
+    the same one."""
+    params = [t.name for t in tables.graph.params()]
+    entries = [(p, *point.wus[p]) for p in params if p in point.wus]
+    if entries and len(entries) == len(params) and len({e[1:] for e in entries}) == 1:
+        entries = [("*", *entries[0][1:])]
+    return tables.space.layout_of(point.axes_of, entries)
 
 
 @dataclass
@@ -67,8 +79,9 @@ class Solved:
 
 
 # While no layout that fits the memory limit is known, each CP-SAT call is capped at
-# max(PROBE_S, PROBE_SHARE x the time limit) (a judgement: long enough for CP-SAT to find
-# good incumbents on GPT-3-sized models, short enough to leave most of the budget).
+# max(PROBE_S, PROBE_SHARE x the time limit), doubled while it finds no solution (a
+# judgement: long enough for CP-SAT to find good incumbents on GPT-3-sized models, short
+# enough to leave most of the budget for the pruned model).
 PROBE_S = 5.0
 PROBE_SHARE = 0.1
 
@@ -206,14 +219,26 @@ def _status(code: int, model: cp_model.CpModel | None = None) -> str:
 
 def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limit_s: float = 60.0,
           workers: int = 2, seed: int = 0) -> Solved:
-    """Minimise predicted time subject to ``peak memory <= memory_limit`` (``inf``: no limit)."""
+    """Minimise predicted time subject to ``peak memory <= memory_limit`` (``inf``: no limit).
+
+    The result always fits: when the time limit ends the search before CP-SAT's solution
+    fits (or before it has one), the warm start is returned if it fits (status
+    ``FEASIBLE``, with a note), and otherwise :class:`SearchError` says so and what was
+    found.
+    """
     start = time.perf_counter()
     lm = LayoutModel(tables, wus)
     points = live_points(tables.graph) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
+
+    def peak(point: Decoded) -> tuple[int, int]:
+        return peak_of(points, sizes_of(tables, wus, point)) if points else (0, 0)
+
     hint = greedy(tables, wus)
-    pruned = not points or peak_of(points, sizes_of(tables, wus, hint))[0] <= limit
-    if pruned:
+    warm = hint
+    warm_fits = peak(warm)[0] <= limit or not points
+    pruned = warm_fits
+    if warm_fits:
         lm.prune(lm.units(hint))  # the warm start satisfies every constraint: its objective bounds
     notes: list[str] = []
     solve_s = 0.0
@@ -229,57 +254,71 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
         solve_s += solver.WallTime()
         status = _status(code, lm.model)
         if status == "INFEASIBLE":
-            peak, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, peak, point))
-        if status == "UNKNOWN" and not pruned and time.perf_counter() - start < time_limit_s:
+            mem, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, mem, point), reason="memory")
+        in_time = time.perf_counter() - start < time_limit_s
+        if status == "UNKNOWN" and not pruned and in_time:
             probe *= 2  # no incumbent within the probe: give CP-SAT longer
             continue
-        if status == "UNKNOWN":  # time limit before any solution: fall back to the warm start
-            point = hint
-            obj = evaluate_time(tables, wus, point)
-            notes.append("time limit reached before CP-SAT found a solution; returning the warm start")
+        if status == "UNKNOWN":  # the time limit came before CP-SAT had any solution
             bound = lm.seconds(_bound(lm, solver, None))
-            status = "FEASIBLE"
-        else:
-            point = lm.decode(solver.BooleanValue)
-            obj_units = solver.ObjectiveValue()
-            bound = lm.seconds(_bound(lm, solver, obj_units))
-            obj = lm.seconds(obj_units)
-            if status == "OPTIMAL":  # tie-break among equal-time optima (module docstring)
-                lm.hint(point)
-                m2, twin = lm.tie_break_model(int(round(obj_units)))
-                left = time_limit_s - (time.perf_counter() - start)
-                s2 = _solver(left, workers, seed)
-                code2 = s2.Solve(m2)
-                solve_s += s2.WallTime()
-                if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                    point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
-        if not points:
-            peak = 0
-            break
-        sizes = sizes_of(tables, wus, point)
-        peak, at = peak_of(points, sizes)
-        out_of_time = time.perf_counter() - start >= time_limit_s
-        if status == "FEASIBLE" and not pruned and not out_of_time:
-            if peak <= limit:  # a layout that fits: its objective bounds every optimum
+            return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
+                               solve_s, notes + ["the time limit came before CP-SAT found a solution"])
+        point = lm.decode(solver.BooleanValue)
+        obj_units = solver.ObjectiveValue()
+        bound = lm.seconds(_bound(lm, solver, obj_units))
+        obj = lm.seconds(obj_units)
+        if status == "OPTIMAL":  # tie-break among equal-time optima (module docstring)
+            lm.hint(point)
+            m2, twin = lm.tie_break_model(int(round(obj_units)))
+            left = time_limit_s - (time.perf_counter() - start)
+            s2 = _solver(left, workers, seed)
+            code2 = s2.Solve(m2)
+            solve_s += s2.WallTime()
+            if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
+        mem, at = peak(point)
+        if status == "FEASIBLE" and not pruned and in_time:  # a probe's incumbent
+            if mem <= limit:  # it fits: its objective bounds every optimum
                 lm.prune(lm.units(point))
                 pruned = True
             elif not lm.add_memory_row(points[at], limit):
-                peak, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-                raise SearchError(_memory_message(tables, wus, memory_limit, peak, best))
+                mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+                raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
             hint = point
             continue
-        if peak <= limit or status != "OPTIMAL" and out_of_time:
-            if peak > limit:
-                notes.append(f"time limit reached with peak memory {peak} B above the limit {limit} B")
+        if mem <= limit or not points:
             break
+        if time.perf_counter() - start >= time_limit_s:  # out of time with a layout over the limit
+            over = (f"the time limit came while CP-SAT's best layout {str(layout_of(tables, point))!r} "
+                    f"needed {mem} B per device, above memory_limit {limit} B")
+            return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
+                               solve_s, notes + [over])
         if not lm.add_memory_row(points[at], limit):
-            peak, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, peak, best))
+            mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
         hint = point
     nvar, ncons = lm.size()
     return Solved(point, status, obj, min(bound, obj), solve_s, nvar, ncons, len(lm.memory_rows),
-                  lm.tolerance_s(), notes, peak)
+                  lm.tolerance_s(), notes, mem)
+
+
+def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Decoded, warm_fits: bool,
+                bound_s: float, memory_limit: float, peak, time_limit_s: float, solve_s: float,
+                notes: list[str]) -> Solved:
+    """After a time-out without a fitting CP-SAT solution: the warm start if it fits, else an error."""
+    lay = str(layout_of(tables, warm)) or "(replicated)"
+    if not warm_fits:
+        raise SearchError(
+            f"time_limit_s={time_limit_s:.3g} s ran out before the search found a layout of graph "
+            f"{tables.graph.name!r} on mesh {tables.mesh} within memory_limit {int(memory_limit)} B per device: "
+            f"{'; '.join(notes)}; the warm start {lay!r} needs {peak(warm)[0]} B. Raise time_limit_s "
+            f"or memory_limit.", reason="time", bound_s=bound_s)
+    obj = evaluate_time(tables, wus, warm)
+    nvar, ncons = lm.size()
+    notes = notes + [f"returned the warm start (local search) {lay!r}, which fits; it is not proven optimal"]
+    return Solved(warm, "FEASIBLE", obj, min(bound_s, obj), solve_s, nvar, ncons, len(lm.memory_rows),
+                  lm.tolerance_s(), notes, peak(warm)[0])
 
 
 def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.0, workers: int = 2,
@@ -321,10 +360,8 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
 
 
 def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded) -> str:
-    from autolayout.search.api import _layout_of  # local: api imports this module
-
     gib = 2 ** 30
-    lay = _layout_of(tables, point)
+    lay = layout_of(tables, point)
     return (f"memory_limit {limit / gib:.4g} GiB ({int(limit)} B) per device is below the smallest peak "
             f"memory any layout of graph {tables.graph.name!r} reaches on mesh {tables.mesh}: "
             f"{peak / gib:.4g} GiB ({peak} B), with layout {str(lay) or '(replicated)'!r}. Raise "

@@ -21,20 +21,20 @@ By default :func:`report` also runs the search (its layout is added as ``searche
 executes every layout on the local devices; ``search=False`` and ``execute=False`` turn
 those off.
 
-The module is callable: ``autolayout.report(...)`` is :func:`report`. ``python -m
-autolayout.report --all`` regenerates the committed reports under ``reports/``
+``autolayout.report`` is the function :func:`report` (this package stays importable as
+``autolayout.report`` for its other names: ``from autolayout.report import Report``).
+``python -m autolayout.report --all`` regenerates the committed reports under ``reports/``
 (the same as ``autolayout report --all``).
 """
 from __future__ import annotations
 
 import math
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autolayout.costmodel.hardware import DEFAULT_HARDWARE
 from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman
 from autolayout.reporting.page import Cell
 
@@ -146,31 +146,30 @@ def named_layouts(layouts: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
+def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT_HARDWARE, execute: bool = True,
             search: bool = True, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
-            progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None,
+            progress: bool = True, time_limit_s: float = 60, memory_limit: float | str | None = None,
             devices: Sequence[Any] | None = None) -> Report:
     """Predict, search and execute; everything :func:`write` needs (no files written)."""
     from autolayout.core import Mesh
     from autolayout.costmodel.hardware import get_hardware
     from autolayout.costmodel.predict import predict
+    from autolayout.graph import require_graph
     from autolayout.reporting.progress import Progress
 
+    require_graph(graph, "report")
     hw = get_hardware(hardware)
     mesh = Mesh.parse(mesh)
     rep = Report(graph=graph, mesh=mesh, hardware=hw, results=[])
     pairs = named_layouts(layouts)
     if search:
+        from autolayout.search.api import search as run_search
+
         try:
-            from autolayout.search import search as run_search
-        except ImportError as exc:
-            rep.search_note = f"search unavailable in this installation ({exc})"
-        else:
-            try:
-                rep.search = run_search(graph, mesh, hardware=hw, memory_limit=memory_limit,
-                                        time_limit_s=time_limit_s)
-            except ValueError as exc:
-                rep.search_note = f"search found no layout: {' '.join(str(exc).split())}"
+            rep.search = run_search(graph, mesh, hardware=hw, memory_limit=memory_limit,
+                                    time_limit_s=time_limit_s)
+        except ValueError as exc:
+            rep.search_note = f"search found no layout: {' '.join(str(exc).split())}"
         if rep.search is not None:
             found = rep.search.layout
             same = [i for i, (_, lay) in enumerate(pairs) if lay.canonical() == found.canonical()]
@@ -182,7 +181,7 @@ def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3
     for name, lay in pairs:
         res = LayoutResult(name, lay)
         try:
-            res.cost = predict(graph, mesh, lay, hw)
+            res.cost = predict(graph, mesh, lay, hardware=hw)
         except ValueError as exc:
             res.error = " ".join(str(exc).split())
         rep.results.append(res)
@@ -196,11 +195,7 @@ def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3
 
 def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: bool, devices: Any,
                  Progress: Any) -> None:
-    try:
-        from autolayout.exec import execute as run
-    except ImportError as exc:
-        rep.execute_note = f"execution unavailable in this installation ({exc})"
-        return
+    from autolayout.exec.runner import execute as run
     from autolayout.reporting.devices import devices_for
 
     if devices is None:
@@ -228,11 +223,11 @@ def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: boo
 
 
 def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
+    from autolayout.costmodel.devices import hardware_for_device
     from autolayout.costmodel.hardware import get_hardware
-    from autolayout.reporting.devices import platform_hardware
 
     if measure_hardware is None:
-        return platform_hardware(devices)
+        return hardware_for_device(devices[0])
     if isinstance(measure_hardware, str) and measure_hardware == "calibrate":
         try:
             from autolayout.reporting.devices import calibrated
@@ -243,7 +238,7 @@ def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
         except (ImportError, NotImplementedError, TypeError) as exc:
             rep.notes.append(f"calibration unavailable ({type(exc).__name__}: {exc}); "
                              "using the built-in profile of these devices")
-            return platform_hardware(devices)
+            return hardware_for_device(devices[0])
     return get_hardware(measure_hardware)
 
 
@@ -400,17 +395,22 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
     if rep.search is not None:
         s = rep.search
         import pandas as pd
-        df = pd.DataFrame([{"status": s.status, "layout": str(s.layout), "objective_ms": s.objective * 1e3,
-                            "bound_ms": s.bound * 1e3, "gap": s.gap, "solve_time_s": s.solve_time_s,
+        df = pd.DataFrame([{"status": s.status, "layout": str(s.layout), "objective_ms": s.objective_s * 1e3,
+                            "bound_ms": s.bound_s * 1e3, "gap": s.gap, "solve_time_s": s.solve_time_s,
                             "variables": s.num_variables, "constraints": s.num_constraints}])
         disp = pd.DataFrame([{"status": s.status, "layout": layout_cell(s.layout),
-                              "objective": fmt_time(s.objective), "bound": fmt_time(s.bound),
+                              "objective": fmt_time(s.objective_s), "bound": fmt_time(s.bound_s),
                               "gap": f"{s.gap:.2%}", "solve time": f"{s.solve_time_s:.2f} s",
                               "variables": s.num_variables, "constraints": s.num_constraints}])
         page.paragraph("The CP-SAT model is exact with respect to the cost model: its objective is the predicted "
                        "step time of the layout it returns; the bound proves no layout is faster than "
                        "bound (gap = (objective - bound) / objective).")
         page.table(df, "search", "Search result", display=disp)
+        if s.status != "OPTIMAL":
+            page.paragraph(f"Status {s.status}: the searched layout fits the memory limit but is not proven "
+                           f"fastest (gap {s.gap:.1%}); a longer time limit may find a faster one.")
+        for note in s.notes:
+            page.paragraph("Search note: " + " ".join(str(note).split()))
         page.paragraph("The searched layout in full:")
         page.code(str(s.layout) or "(replicated)")
     else:
@@ -442,7 +442,7 @@ def build_page(rep: Report, title: str | None = None, intro: str | None = None, 
             page.code(r.execution.collective_diff())
 
     if rep.scaling is not None:
-        from autolayout.reporting.committed import scaling_display
+        from autolayout.reporting.paper import scaling_display
 
         page.heading("Scaling (paper §8.6)")
         page.paragraph(
@@ -479,10 +479,10 @@ def write(rep: Report, out: str | Path, title: str | None = None, intro: str | N
     return rep
 
 
-def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3", execute: bool = True,
+def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT_HARDWARE, execute: bool = True,
            search: bool = True, out: str | Path = "reports/report", title: str | None = None,
            intro: str | None = None, measure_hardware: Any = None, scaling: bool = False, repeats: int = 3,
-           progress: bool = True, time_limit_s: float = 60, memory_limit: float | None = None) -> Report:
+           progress: bool = True, time_limit_s: float = 60, memory_limit: float | str | None = None) -> Report:
     """Compare ``layouts`` of ``graph`` on ``mesh`` and write a report directory ``out``.
 
     Args:
@@ -490,7 +490,8 @@ def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3"
         mesh: anything :class:`~autolayout.core.Mesh` accepts (``"rows:2,cols:4"``).
         layouts: a layout, a list of layouts (strings or :class:`~autolayout.core.Layout`),
             ``(name, layout)`` pairs or a mapping name -> layout.
-        hardware: the profile predictions are priced on (name, Hardware or JSON path).
+        hardware: the profile predictions are priced on (name, Hardware or JSON path);
+            default :data:`~autolayout.costmodel.hardware.DEFAULT_HARDWARE` (``"tpu-v3"``).
         execute: also run each layout on the local devices (``autolayout.execute``: compile,
             run, compare outputs and collectives, time it) — the slow part; skipped with a
             note when the mesh has more devices than jax has. ``False``: predictions only.
@@ -515,23 +516,3 @@ def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = "tpu-v3"
                   measure_hardware=measure_hardware, scaling=scaling, repeats=repeats, progress=progress,
                   time_limit_s=time_limit_s, memory_limit=memory_limit)
     return write(rep, out, title, intro)
-
-
-# `autolayout.report(...)` calls report(); `autolayout.report.write` etc. stay reachable.
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Report:
-        return report(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m autolayout.report [--all] ...``: the ``autolayout report`` command."""
-    from autolayout import cli
-
-    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,7 +63,7 @@ def table1(b: int = 1024, d_io: int = 1024, d_h: int = 4096, *, n: int = 8, r: i
     rows = []
     for lay in TABLE1_LAYOUTS:
         paper = _paper(lay, b, d_io, d_h, n, r, c, p)
-        cost = predict(g, paper["mesh"], "" if lay == "[]" else lay, hardware)
+        cost = predict(g, paper["mesh"], "" if lay == "[]" else lay, hardware=hardware)
         df = cost.per_op
         mm = df[(df.kind == "einsum") & df.fn.eq("dot")]
         comp = float((mm.flops * mm["count"]).sum())

@@ -1,0 +1,30 @@
+"""The search's error, in a module without the solver so that catching it stays cheap."""
+from __future__ import annotations
+
+from autolayout.core import LayoutError
+
+__all__ = ["SearchError", "SearchWarning"]
+
+
+class SearchError(LayoutError):
+    """No layout satisfies the request (a ``ValueError``).
+
+    Raised when the memory budget is below what any layout needs, and when the time
+    budget ran out before the solver found a layout that fits (the message says what it
+    found).
+
+    Attributes:
+        reason: ``"memory"`` (no layout fits: proven) or ``"time"`` (the time limit came
+            before a fitting layout was found; one may exist).
+        bound_s: for ``"time"``, a lower bound on the step time of any layout (seconds),
+            when the solver had one; else ``None``.
+    """
+
+    def __init__(self, message: str, *, reason: str = "memory", bound_s: float | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.bound_s = bound_s
+
+
+class SearchWarning(UserWarning):
+    """A search result that is not proven optimal (status ``FEASIBLE``) returned without its status."""
