@@ -464,15 +464,17 @@ def test_layout_warns_when_not_proven_optimal(no_cp_sat_solution):
 
 def test_mesh_shape_search_time_out_never_over_the_limit(no_cp_sat_solution):
     g = graph("mlp")
-    warm = {str(m): search(g, m, memory_limit=INF, time_limit_s=1e-4).cost.memory_bytes for m in mesh_shapes(8)}
+    hw = "cpu"  # (its meshes' warm starts differ in memory: the premise below needs that)
+    warm = {str(m): search(g, m, memory_limit=INF, time_limit_s=1e-4, hardware=hw).cost.memory_bytes
+            for m in mesh_shapes(8)}
     limit = sorted(warm.values())[1]  # some meshes' warm starts fit, at least one does not
-    r = search(g, num_devices=8, memory_limit=limit, time_limit_s=1e-4)
-    _assert_fits(r, g, limit)
+    r = search(g, num_devices=8, memory_limit=limit, time_limit_s=1e-4, hardware=hw)
+    _assert_fits(r, g, limit, hw)
     assert r.status == "FEASIBLE"
     assert {str(m): why for m, why in r.mesh_failures} == {m: "time" for m, b in warm.items() if b > limit} != {}
     assert {str(m) for m, t in r.meshes if t is None} == {m for m, b in warm.items() if b > limit}
     with pytest.raises(SearchError, match="no mesh shape of 8 devices has a layout found within the time limit") as e:
-        search(g, num_devices=8, memory_limit=min(warm.values()) - 1, time_limit_s=1e-4)
+        search(g, num_devices=8, memory_limit=min(warm.values()) - 1, time_limit_s=1e-4, hardware=hw)
     assert e.value.reason == "time"
 
 
