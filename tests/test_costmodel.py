@@ -336,6 +336,22 @@ def test_overlap_rule_by_hand(hw):
     assert all(g.tensor(t).dim_names and "batch" not in g.tensor(t).dim_names for t in hidden)
 
 
+@pytest.mark.parametrize("fn, kw", [
+    ("transformer_lm", dict(d_model=32, d_ff=64, heads=2, d_kv=16, n_layers=2, vocab=64, batch=8, length=8)),
+    ("llama", dict(d_model=32, d_ff=64, heads=4, kv_heads=2, d_kv=8, n_layers=2, vocab=64, batch=8, length=8)),
+    ("moe", dict(d_model=16, d_ff=32, experts=4, capacity=8, batch=8, length=8)),
+], ids=["transformer_lm", "llama", "moe"])
+def test_model_flops_are_three_forward_passes(fn, kw):
+    # independent reference: the forward pass traced on its own (train=False), whose
+    # contractions the graph counts like the jaxpr (test_graph); a training step's model
+    # flops are three of them (PaLM appendix B), with or without remat
+    fwd = getattr(models, fn)(**kw, train=False)
+    for remat in (False, True) if fn != "moe" else (False,):
+        extra = dict(remat=remat) if remat else {}
+        c = predict(getattr(models, fn)(**kw, **extra), "all:8", "batch:all", hardware="tpu-v4")
+        assert c.model_flops == 3 * fwd.flops()
+
+
 def test_mfu_does_not_count_recompute():
     # the same model traced with and without jax.checkpoint: equal model flops; the
     # rematerialised graph executes the forward matmuls once more (hardware flops)
