@@ -69,6 +69,21 @@ def unsplittable(op: Op) -> tuple[str, ...]:
     return ()
 
 
+def held_whole(op: Op, name: str) -> str | None:
+    """The indexed dim of a gather or scatter that its input ``name`` is read whole along
+    (all-gathered where the layout splits it), or ``None``: a gather's table when the
+    output has the indexed dim too (the index runs along it, e.g. ``take_along_axis(x,
+    argsort(x))``), and a scatter's index and updates when they have it (every device
+    needs every update into its block)."""
+    if op.kind not in ("gather", "scatter"):
+        return None
+    v = op.attr("indexed")
+    dims = {d.name for d in op.input_shapes[op.inputs.index(name)]}
+    if op.kind == "gather" and name == op.inputs[0]:
+        return v if v in op.output.dim_names else None
+    return v if op.kind == "scatter" and name != op.inputs[0] and v in dims else None
+
+
 def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
     """Reject two dims of one reducing op on the same mesh axis, naming both."""
     if op.kind not in REDUCING:
@@ -249,7 +264,8 @@ class Planner:
                     need = (sh.placement(g, t.dim_names, rules) if sh.applies(g, t.dim_names)
                             else Placement.of(t.dim_names, rules))  # broadcast into the shard locally
                 else:
-                    need = Placement.of(t.dim_names, op_axes)
+                    whole = held_whole(op, name)
+                    need = Placement.of(t.dim_names, {d: a for d, a in op_axes.items() if d != whole})
                 if carried and self.stored(name).partial:
                     need = need.with_partial(self.stored(name).partial)
                 self._convert(name, need, conversions, reads)
