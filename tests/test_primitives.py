@@ -80,7 +80,33 @@ def take_own_positions(x, w):
     return value, grad + x
 
 
+def mean_pool_grad(w, x):
+    """Issue 13's repro: the gradient of a mean over ``seq`` is a broadcast back over it
+    feeding a contraction (a materialised broadcast: KeyError 'broadcast_0' once)."""
+    return jax.grad(lambda w: jnp.sum((x @ w).mean(axis=1) ** 2))(w)
+
+
+def gqa_repeat(q, k):
+    """Grouped-query attention's ``jnp.repeat`` of the key heads: a broadcast and a merge."""
+    def loss(q, k):
+        return jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(k, 2, axis=2)).sum()
+    return jax.value_and_grad(loss, argnums=(0, 1))(q, k)
+
+
 CASES = [
+    Case("mean_pool_grad", mean_pool_grad, (Arg((8, 16)), Arg((4, 8, 8))),
+         ("embed mlp", "batch seq embed"), (
+             # seq split: the mean over seq all-reduces; the broadcast back over seq is a
+             # local slice; the weight gradient contracts seq: all-reduce
+             ("all:8", "seq:all", ("all-reduce",) * 2),
+             ("rows:2,cols:4", "batch:rows;mlp:cols", ("all-reduce",)),  # the gradient sums batch
+         )),
+    Case("gqa_repeat", gqa_repeat, (Arg((2, 4, 4, 8)), Arg((2, 4, 2, 8))),
+         ("batch q heads d", "batch k kvh d"), (
+             # heads split: the repeat's merge (kvh, copy) -> heads slices locally; the loss
+             # sums heads (all-reduce); the gradient's split heads -> (kvh, copy) all-gathers
+             ("rows:2,cols:4", "heads:cols", ("all-gather", "all-reduce")),
+         )),
     Case("xent", xent_step, (Arg((8, 16)), Arg((4, 2, 8)), Arg((4, 2), high=16)),
          ("embed vocab", "batch seq embed", "batch seq"), (
              # vocab split: the softmax's max and sum and the label pick (a masked local
