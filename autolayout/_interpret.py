@@ -6,7 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autolayout._unify import TraceError, _binder, _Core, _Pending, _reshape_groups, _shapes, _Val
+from autolayout._along import ALONG, _AlongRules
+from autolayout._unsupported import Unsupported, unsupported
+from autolayout._unify import TraceError, _binder, _Pending, _reshape_groups, _shapes, _Val
 
 ELEMENTWISE = frozenset("""
 abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
@@ -23,7 +25,7 @@ CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_cal
          "remat": "jaxpr"}
 
 
-class _Tracer(_Core):
+class _Tracer(_AlongRules):
     """Interprets a jaxpr equation by equation into pending named ops."""
 
     def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
@@ -32,6 +34,13 @@ class _Tracer(_Core):
             env[var] = self.constant(c, ctx)
         for var, v in zip(jaxpr.invars, in_vals):
             env[var] = v
+        outer, self.used = self.used, _used_vars(jaxpr)
+        try:
+            return self._run(jaxpr, env, ctx)
+        finally:
+            self.used = outer
+
+    def _run(self, jaxpr: Any, env: dict, ctx: tuple) -> list:
         for eqn in jaxpr.eqns:
             ins = [self.read(env, x, ctx) for x in eqn.invars]
             outs = self.eqn(eqn, ins, ctx)
@@ -55,6 +64,18 @@ class _Tracer(_Core):
         return v
 
     def eqn(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
+        """Interpret one equation; an unsupported one is recorded (:attr:`problems`) and
+        stands in as fresh values, so that one trace reports every unsupported construct."""
+        try:
+            return self.rule(eqn, ins, ctx)
+        except Unsupported as e:
+            self.problems.append(e.item)
+        except TraceError:
+            if not self.problems:  # a real error; after an unsupported one, maybe its echo
+                raise
+        return [self.new_val(v.aval.shape, v.aval.dtype, ctx=ctx) for v in eqn.outvars]
+
+    def rule(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
         prim = eqn.primitive.name
         params = dict(eqn.params)
         if prim in CALLS:
@@ -68,8 +89,10 @@ class _Tracer(_Core):
                 self.sites.pop()
         if prim == "scan":
             return self.scan(eqn, ins, ctx)
+        if prim in ALONG:
+            return self.along_eqn(eqn, ins, ctx)
         if len(eqn.outvars) != 1:
-            raise self.unsupported(eqn, "it has several outputs")
+            raise self.unsupported(eqn)
         aval = eqn.outvars[0].aval
         if prim in ELEMENTWISE:
             return [self.elementwise(eqn, ins, aval, ctx)]
@@ -101,13 +124,10 @@ class _Tracer(_Core):
             return [self.gather(eqn, ins, aval, ctx)]
         if prim in ("scatter-add", "scatter_add"):
             return [self.scatter_add(eqn, ins, aval, ctx)]
-        raise self.unsupported(eqn, "autolayout has no named-dimension rule for it")
+        raise self.unsupported(eqn)
 
-    def unsupported(self, eqn: Any, why: str) -> TraceError:
-        return TraceError(
-            f"unsupported primitive `{eqn.primitive.name}` with inputs ({_shapes(eqn)}) at "
-            f"{self.source(eqn) or 'unknown source'}: {why}. Rewrite this step with einsum, elementwise, "
-            f"reduction, reshape, gather or scan operations, or wrap it outside the traced function.")
+    def unsupported(self, eqn: Any, why: str | None = None) -> Unsupported:
+        return unsupported(eqn.primitive.name, _shapes(eqn), self.source(eqn), why)
 
     def view(self, val: _Val, aval: Any, ctx: tuple) -> _Val:
         """A value that views ``val``'s data with another positional shape (alias/broadcast)."""
@@ -367,6 +387,14 @@ class _Tracer(_Core):
             info["stacks"].append(st)
             stacks.append(st)
         return [*results, *stacks]
+
+
+def _used_vars(jaxpr: Any) -> set:
+    """The variables of ``jaxpr`` that an equation or the result reads."""
+    from jax._src.core import Literal
+
+    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, Literal)}
+    return used | {v for v in jaxpr.outvars if not isinstance(v, Literal)}
 
 
 def _batch_attr(name: Any, slots: list) -> tuple:

@@ -35,7 +35,7 @@ from autolayout.core import Dim, Shape
 
 ROLES = ("input", "param", "opt_state", "activation", "output")
 SOURCE_KINDS = ("input", "param", "opt_state", "constant")
-KINDS = SOURCE_KINDS + ("einsum", "elementwise", "reduce", "reshape", "gather", "scatter")
+KINDS = SOURCE_KINDS + ("einsum", "elementwise", "reduce", "reshape", "gather", "scatter", "along")
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,37 @@ def gqa_repeat(q, k):
     return jax.value_and_grad(loss, argnums=(0, 1))(q, k)
 
 
+def slice_pad(x):
+    """``x[:, 1:]`` padded back to length, and ``x[:, 0]`` (a slice to size 1)."""
+    return jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0))), x[:, 0] * 2.0
+
+
+def rope_grad(x):
+    """RoPE's rotate-half (``split`` + ``concatenate``), a class token prepended (a constant
+    concatenated) and the gradient (the transposes: concatenations and slices)."""
+    def loss(x):
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        rot = jnp.concatenate([-x2, x1], axis=-1) * x
+        tok = jnp.concatenate([jnp.ones((x.shape[0], 1, x.shape[2])), rot], axis=1)
+        return jnp.sum(tok ** 2)
+    return jax.value_and_grad(loss)(x)
+
+
+def cumulative(x):
+    return (jnp.cumsum(x, axis=1), jnp.cumprod(x, axis=1), jax.lax.cummax(x, axis=1),
+            jax.lax.cumlogsumexp(x, axis=1, reverse=True))
+
+
+def sorting(x):
+    values, indices = jax.lax.top_k(x, 3)
+    return values, indices, jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1), jnp.sort(x, axis=1)
+
+
+def dynamic(x, i, u):
+    return (jax.lax.dynamic_slice_in_dim(x, i, 3, axis=1) * 2.0,
+            jax.lax.dynamic_update_slice_in_dim(x, u, i, axis=1))
+
+
 CASES = [
     Case("mean_pool_grad", mean_pool_grad, (Arg((8, 16)), Arg((4, 8, 8))),
          ("embed mlp", "batch seq embed"), (
@@ -106,6 +137,38 @@ CASES = [
              # heads split: the repeat's merge (kvh, copy) -> heads slices locally; the loss
              # sums heads (all-reduce); the gradient's split heads -> (kvh, copy) all-gathers
              ("rows:2,cols:4", "heads:cols", ("all-gather", "all-reduce")),
+         )),
+    Case("slice_pad", slice_pad, (Arg((4, 8, 16)),), ("batch seq d",), (
+        # seq split: both slices read x whole along seq (two all-gathers); the pad's input
+        # (a new dim of 7) is unsplit, its output sliced locally into seq's split
+        ("all:8", "seq:all", ("all-gather",) * 2),
+        ("rows:2,cols:4", "batch:rows;d:cols", ()),  # kept dims split: nothing moves
+    )),
+    Case("rope_grad", rope_grad, (Arg((4, 8, 16)),), ("batch seq d",), (
+        # d split: the two halves of the forward split each gather x along d; the gradient's
+        # halves are sliced from the d-split gradient of the product: two more; the loss
+        # sums over d: one all-reduce
+        ("all:8", "d:all", ("all-gather",) * 4 + ("all-reduce",)),
+        # batch and seq split: prepending the class token along seq gathers the product
+        # along seq; the new length dim (9) is unsplit, so the loss's sum all-reduces over
+        # batch's rows only; the gradient's slice back to seq is a local slice
+        ("rows:2,cols:4", "batch:rows;seq:cols", ("all-gather", "all-reduce")),
+    )),
+    Case("cumulative", cumulative, (Arg((8, 8, 4)),), ("batch seq d",), (
+        ("all:8", "seq:all", ("all-gather",) * 4),  # along a split dim: each op gathers x
+        ("all:8", "batch:all", ()),                   # along an unsplit dim: local
+    )),
+    Case("sorting", sorting, (Arg((8, 4, 8)),), ("batch seq n",), (
+        ("all:8", "batch:all", ()),
+        # n split: top_k's values and indices each gather x; sort gathers x; argsort gathers
+        # x and its iota (the sorted keys are unused: no op); the sort along seq is local
+        ("all:8", "n:all", ("all-gather",) * 5),
+    )),
+    Case("dynamic", dynamic, (Arg((4, 8, 16)), Arg((), high=6), Arg((4, 2, 16))),
+         ("batch seq d", "", "batch k d"), (
+             # seq split: the dynamic slice and the update each read x whole along seq
+             ("all:8", "seq:all", ("all-gather",) * 2),
+             ("rows:2,cols:4", "batch:rows;d:cols", ()),
          )),
     Case("xent", xent_step, (Arg((8, 16)), Arg((4, 2, 8)), Arg((4, 2), high=16)),
          ("embed vocab", "batch seq embed", "batch seq"), (
@@ -148,7 +211,9 @@ def args_of(c: Case, seed: int = 0) -> tuple:
 
 
 def max_err(a: Any, b: Any) -> float:
-    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+    """The largest error relative to ``1 + |reference|`` (float32 sums in another order)."""
+    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32)) /
+                             (1 + jnp.abs(jnp.asarray(y, jnp.float32)))))
                for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
@@ -179,3 +244,32 @@ def test_gather_ops_record_batching_dims():
     for op in (gather, scatter):
         assert op.attr("indexed") == "vocab"
         assert set(op.attr("batch")) == {"batch", "seq"}
+
+
+def _three_problems(x, n):
+    y = jax.lax.fori_loop(0, n, lambda i, c: c * 2.0, x)           # while: data-dependent trip count
+    z = jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, y)              # cond
+    return z.at[0].set(1.0), jnp.linalg.cholesky(x @ x.T)           # scatter; cholesky
+
+
+def test_every_unsupported_construct_is_reported_at_once():
+    """One error lists all four, each with its primitive, this file's source line, the reason
+    and the rewrite (the line numbers come from the source, not from the tracer)."""
+    import inspect
+    import re
+
+    from autolayout import TraceError
+
+    lines, first = inspect.getsourcelines(_three_problems)
+    line_of = {key: first + i for i, text in enumerate(lines) for key in ("fori_loop", "cond", "set", "cholesky")
+               if key in text}
+    with pytest.raises(TraceError) as err:
+        trace(_three_problems, jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
+    msg = str(err.value)
+    assert msg.startswith("4 unsupported constructs in '_three_problems'"), msg
+    for prim, key, rewrite in [("while", "fori_loop", "fori_loop` with Python-int bounds"),
+                               ("cond", "cond", "jnp.where"), ("scatter", "set", "one_hot"),
+                               ("cholesky", "cholesky", "outside the traced function")]:
+        assert re.search(rf"`{prim}` with inputs \(.*\) at .*test_primitives\.py:{line_of[key]}\b.*Rewrite: .*"
+                         rf"{re.escape(rewrite)}", msg), (prim, msg)
+    assert "several outputs" not in msg
