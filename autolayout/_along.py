@@ -20,7 +20,7 @@ from autolayout._unify import _binder, _Core, _Pending, _Val
 
 CUMULATIVE = frozenset(["cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"])
 ALONG = frozenset(["slice", "pad", "concatenate", "split", "sort", "top_k", "dynamic_slice",
-                   "dynamic_update_slice"]) | CUMULATIVE
+                   "dynamic_update_slice", "rev"]) | CUMULATIVE
 
 
 class _AlongRules(_Core):
@@ -58,6 +58,9 @@ class _AlongRules(_Core):
                 res.append(self.along(eqn, [x], var.aval, ctx, "split", [_keep(rank, [axis])], [(0, axis)], fn)
                            if var in self.used else None)
             return res
+        if prim == "rev":
+            return [self.along(eqn, [x], outs[0], ctx, "rev", [every], [(0, a) for a in params["dimensions"]],
+                               _binder(eqn))]
         if prim in CUMULATIVE:
             return [self.along(eqn, [x], outs[0], ctx, prim, [every], [(0, params["axis"])], _binder(eqn))]
         if prim == "sort":
@@ -89,6 +92,32 @@ class _AlongRules(_Core):
                                [[]] * rank, [(0, a) for a in win] + [(1, a) for a in win], fn)]
         raise AssertionError(prim)
 
+    def conv(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
+        """``conv_general_dilated`` as a contraction (kind ``einsum``, fn ``conv``): the lhs
+        batch dim is the output's, the rhs output-feature dim the output's feature dim, the
+        lhs feature dim contracts with the rhs input-feature dim (split: partial sums the
+        plan all-reduces); the spatial dims of all three are held whole (attr ``whole``:
+        split, they are all-gathered: no halo exchange)."""
+        params = eqn.params
+        if params["feature_group_count"] != 1 or params["batch_group_count"] != 1:
+            raise self.unsupported(eqn, "grouped (e.g. depthwise) convolutions have no named-dimension rule")
+        lhs, rhs = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        lb, lf, *ls = params["dimension_numbers"].lhs_spec
+        ro, ri, *rs = params["dimension_numbers"].rhs_spec
+        ob, of, *os_ = params["dimension_numbers"].out_spec
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        lhs = self.bind(lhs, [(lb, out.slots[ob])], eqn, ctx)
+        rhs = self.bind(rhs, [(ro, out.slots[of]), (ri, lhs.slots[lf])], eqn, ctx)
+        whole = [lhs.slots[a] for a in ls] + [rhs.slots[a] for a in rs] + [out.slots[a] for a in os_]
+        window = [rhs.slots[ri]] + [rhs.slots[a] for a in rs]
+        p = _Pending("einsum", "conv", "conv_general_dilated", out, [lhs, rhs],
+                     [self.node_of(lhs, ctx), self.node_of(rhs, ctx)], _binder(eqn), ctx[0], ctx[1],
+                     self.source(eqn))
+        p.attrs_fn = lambda name: (("whole", _names(name, whole)), ("window", tuple(name(s) for s in window
+                                                                                 if s is not None)))
+        self.add(p)
+        return out
+
     def alias(self, eqn: Any, x: _Val, aval: Any, ctx: tuple) -> _Val:
         """An identity slice/pad: a view of its operand."""
         out = self.view(x, aval, ctx)
@@ -116,9 +145,13 @@ class _AlongRules(_Core):
         slots += [out.slots[o] for o in range(len(aval.shape)) if o not in targets]
         p = _Pending("along", fn, eqn.primitive.name, out, operands, named, replay, ctx[0], ctx[1],
                      self.source(eqn))
-        p.attrs_fn = lambda name: (("whole", tuple(dict.fromkeys(name(s) for s in slots if s is not None))),)
+        p.attrs_fn = lambda name: (("whole", _names(name, slots)),)
         self.add(p)
         return out
+
+
+def _names(name: Callable, slots: list) -> tuple:
+    return tuple(dict.fromkeys(name(s) for s in slots if s is not None))
 
 
 def _keep(rank: int, window: list[int]) -> list[tuple[int, int]]:

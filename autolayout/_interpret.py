@@ -122,6 +122,8 @@ class _Tracer(_AlongRules):
             return [out]
         if prim == "gather":
             return [self.gather(eqn, ins, aval, ctx)]
+        if prim == "conv_general_dilated":
+            return [self.conv(eqn, ins, aval, ctx)]
         if prim in ("scatter-add", "scatter_add"):
             return [self.scatter_add(eqn, ins, aval, ctx)]
         raise self.unsupported(eqn)

@@ -34,10 +34,10 @@ REWRITES: dict[str, tuple[str, str]] = {
                           "`x.reshape(b, h // 2, 2, w // 2, 2, c).sum(axis=(2, 4))`"),
     "reduce_window": ("pooling windows are not named dims",
                       "for non-overlapping windows reshape into (windows, window) and reduce"),
-    "conv_general_dilated": ("convolutions have no named-dimension rule",
-                             "a patch embedding (stride = kernel size) is a reshape and an einsum: "
-                             "`x.reshape(b, h // p, p, w // p, p, c)` then "
-                             "`jnp.einsum('bhpwqc,pqcd->bhwd', patches, kernel)`"),
+    "conv_general_dilated": ("grouped (e.g. depthwise) convolutions have no named-dimension rule",
+                             "reshape the channels to (groups, channels per group) and convolve each "
+                             "group with `feature_group_count=1`, or write a depthwise 3x3 as the sum of "
+                             "9 shifted slices times per-channel weights"),
     "rng_bit_generator": ("random bits are drawn inside the step",
                           "draw random numbers outside the traced function and pass them in"),
     "random_bits": ("random bits are drawn inside the step",

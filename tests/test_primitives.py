@@ -124,6 +124,22 @@ def dynamic(x, i, u):
             jax.lax.dynamic_update_slice_in_dim(x, u, i, axis=1))
 
 
+def conv_step(x, k):
+    """A 3x3 'SAME' convolution and both gradients (convolutions and a ``rev``)."""
+    def loss(x, k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.sum(y ** 2)
+    return jax.value_and_grad(loss, argnums=(0, 1))(x, k)
+
+
+def patch_embed(x, k):
+    """ViT's patch embedding: a convolution with stride = kernel size."""
+    def loss(x, k):
+        y = jax.lax.conv_general_dilated(x, k, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.sum(jnp.tanh(y))
+    return jax.value_and_grad(loss, argnums=(0, 1))(x, k)
+
+
 CASES = [
     Case("mean_pool_grad", mean_pool_grad, (Arg((8, 16)), Arg((4, 8, 8))),
          ("embed mlp", "batch seq embed"), (
@@ -163,6 +179,20 @@ CASES = [
         # n split: top_k's values and indices each gather x; sort gathers x; argsort gathers
         # x and its iota (the sorted keys are unused: no op); the sort along seq is local
         ("all:8", "n:all", ("all-gather",) * 5),
+    )),
+    Case("conv", conv_step, (Arg((8, 8, 8, 4)), Arg((3, 3, 4, 8))), ("batch h w cin", "kh kw cin cout"), (
+        # batch split: the loss and the kernel gradient (contracting batch) all-reduce
+        ("all:8", "batch:all", ("all-reduce",) * 2),
+        # + cout split: the loss all-reduces over both axes; the input gradient contracts cout
+        ("rows:2,cols:4", "batch:rows;cout:cols", ("all-reduce",) * 3),
+        # a spatial dim split: the forward convolution and the kernel gradient read x whole
+        # along h (no halo exchange: two all-gathers); the outputs' spatial dims are their own
+        ("all:8", "h:all", ("all-gather",) * 2),
+    )),
+    Case("patch_embed", patch_embed, (Arg((8, 8, 8, 3)), Arg((4, 4, 3, 16))), ("batch h w c", "ph pw c d"), (
+        ("all:8", "batch:all", ("all-reduce",) * 2),
+        # d split: the loss sums d; the input gradient contracts d
+        ("all:8", "d:all", ("all-reduce",) * 2),
     )),
     Case("dynamic", dynamic, (Arg((4, 8, 16)), Arg((), high=6), Arg((4, 2, 16))),
          ("batch seq d", "", "batch k d"), (
@@ -273,3 +303,13 @@ def test_every_unsupported_construct_is_reported_at_once():
         assert re.search(rf"`{prim}` with inputs \(.*\) at .*test_primitives\.py:{line_of[key]}\b.*Rewrite: .*"
                          rf"{re.escape(rewrite)}", msg), (prim, msg)
     assert "several outputs" not in msg
+
+
+def test_conv_flops_are_the_window_macs():
+    """Each of the three convolutions (forward, input and kernel gradients) does, per output
+    element, one MAC per element of its window: 2 · N·H·W·Cout · 3·3·Cin each (hand count)."""
+    assert graph("conv").flops() == 3 * 2 * (8 * 8 * 8 * 8) * (3 * 3 * 4)
+    # stride 4, 4x4 patches: forward (8·2·2·16 outputs) · (4·4·3 window); kernel gradient
+    # (4·4·3·16) · (8·2·2); input gradient, an lhs-dilated convolution whose window counts the
+    # inserted zeros as XLA's does: (8·8·8·3) · (16·4·4)
+    assert graph("patch_embed").flops() == 2 * (8 * 2 * 2 * 16 * 48 + 768 * 32 + 1536 * 256)

@@ -23,9 +23,9 @@ update shard for update ops). Per op kind (paper §6, Table 1):
   need two all-reduces (the winning value, then the smallest winning index).
   No two dims of one of these ops may share a mesh axis (:func:`check_op`).
 * ``elementwise``: no communication; broadcast by name.
-* ``along`` (slice, pad, concatenate, split, cumulative sums, sort, top_k, dynamic
-  slices and updates): computes with the dims it works along (attr ``whole``) unsplit:
-  an input split along one is all-gathered first (the relayout a sliced split dim
+* ``along`` (slice, pad, concatenate, split, cumulative sums, sort, top_k, rev,
+  dynamic slices and updates) and convolutions' spatial dims: computes with the dims it
+  works along (attr ``whole``) unsplit: an input split along one is all-gathered first (the relayout a sliced split dim
   needs), and the output, computed whole along its new dim, is sliced locally into its
   stored placement.
 * ``reshape`` (rename, split, merge, loop boundaries): :func:`~.placement.moves`
@@ -225,7 +225,7 @@ class Planner:
         if op.kind in SOURCES:
             return self._plan(op, op_axes, None, {}, None, out_stored, out_stored, (), None, 0, 0, reads={})
         check_op(op, op_axes)
-        if op.kind == "along":  # computed with the dims it works along whole (gathered where split)
+        if op.attr("whole"):  # along ops, convolutions: the dims they work along whole (gathered where split)
             op_axes = {d: a for d, a in op_axes.items() if d not in op.attr("whole", ())}
         itemsize = op.output.itemsize
         computed = flat if flat is not None else Placement.of(op.output.dim_names, op_axes)
