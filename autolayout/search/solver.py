@@ -288,6 +288,9 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             hint = point
             continue
         if mem <= limit or not points:
+            if status == "FEASIBLE":
+                notes.append(f"the time limit came before CP-SAT proved this layout optimal (its bound "
+                             f"{bound:.4g} s, objective {obj:.4g} s)")
             break
         if time.perf_counter() - start >= time_limit_s:  # out of time with a layout over the limit
             over = (f"the time limit came while CP-SAT's best layout {str(layout_of(tables, point))!r} "
