@@ -22,15 +22,16 @@ broadcast by name. A broadcast feeding anything else becomes a one-input
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from autolayout._build import _build
+from autolayout._dims import DimsError, leaf_dims, leaf_role, unboxed_path
 from autolayout._interpret import _Tracer
 from autolayout._roles import param_roles
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph
 
-__all__ = ["trace", "named", "TraceError"]
+__all__ = ["trace", "named", "TraceError", "DimsError"]
 
 
 def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None = None) -> Any:
@@ -53,31 +54,9 @@ def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None =
     return checkpoint_name(x, tag)
 
 
-def _lookup(tree: Any, path: Sequence[Any]) -> Any:
-    """Follow a jax key path into a user pytree that may stop early (a prefix)."""
-    from jax.tree_util import DictKey, GetAttrKey, SequenceKey
-
-    node = tree
-    for key in path:
-        if node is None or isinstance(node, str):
-            return node
-        if isinstance(key, DictKey):
-            node = node[key.key]
-        elif isinstance(key, SequenceKey):
-            node = node[key.idx]
-        elif isinstance(key, GetAttrKey):
-            node = getattr(node, key.name)
-        else:
-            node = node[getattr(key, "key", getattr(key, "idx", key))]
-    return node
-
-
-def _is_names(x: Any) -> bool:
-    return isinstance(x, tuple) and all(isinstance(n, str) or n is None for n in x)
-
-
 def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
-          name: str | None = None, donate_argnums: Sequence[int] = ()) -> Graph:
+          name: str | None = None, donate_argnums: Sequence[int] = (), axis_metadata: bool = True,
+          names: Mapping[str, str] | None = None) -> Graph:
     """Trace ``fn(*args)`` into a named-dimension :class:`Graph`.
 
     ``args`` may hold arrays or ``jax.ShapeDtypeStruct`` s (nothing is allocated).
@@ -135,32 +114,31 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     closed = closed.replace(jaxpr=live)
     tr = _Tracer()
     in_vals, in_names, in_roles = [], [], []
-    plain = [(_path_str(p[1:]) if len(p) > 1 else "") for p, _ in flat]
+    plain = [(_path_str(unboxed_path(p)[1:]) if len(p) > 1 else "") for p, _ in flat]
     counts: dict[str, int] = {}
     for s in plain:
         counts[s] = counts.get(s, 0) + 1
+    prefixes: dict[tuple, int] = {}
+    for p, _ in flat:
+        for i in range(len(p) + 1):
+            prefixes[tuple(p[:i])] = prefixes.get(tuple(p[:i]), 0) + 1
     for k, ((path, leaf), var) in enumerate(zip(flat, closed.jaxpr.invars)):
         top = arg_names[path[0].idx] if arg_names and path[0].idx < len(arg_names) else f"arg{path[0].idx}"
         short = plain[k]
         tname = short if short and counts[short] == 1 else "/".join(x for x in (top, short) if x)
-        role = _lookup(roles, path) if roles is not None else None
-        role = role or "input"
+        aval = var.aval
+        where = f"argument {tname!r}" + (f" (at {top}{jax.tree_util.keystr(tuple(path[1:]))})" if len(path) > 1 else "")
+        n_under = [prefixes[tuple(path[:i])] for i in range(len(path) + 1)]
+        role = leaf_role(roles, args, path, n_under, arg_names, where) or "input"
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
-        aval = var.aval
         v = tr.new_val(aval.shape, aval.dtype)
-        names = _lookup(dims, path) if dims is not None else None
-        if names is not None:
-            if isinstance(names, str):
-                names = tuple(names.replace(",", " ").split())
-            if len(names) != len(aval.shape):
-                raise TraceError(
-                    f"argument {tname!r} has shape {tuple(aval.shape)} ({len(aval.shape)} axes) but dims "
-                    f"gives {len(names)} names {names}: give one name per axis, e.g. "
-                    f"{' '.join(f'd{i}' for i in range(len(aval.shape)))!r}")
-            for n, size, slot in zip(names, aval.shape, v.slots):
-                if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
-                    tr.name_slot(slot, n, f"argument {tname!r} of shape {tuple(aval.shape)}")
+        names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
+                                  metadata=axis_metadata)
+        for n, size, slot in zip(names or (), aval.shape, v.slots):
+            if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
+                tr.name_slot(slot, n, f"{where} of shape {tuple(aval.shape)}"
+                             + (f" (names from {source})" if source != "dims" else ""))
         tr.add(_Pending(role, role, role, v, [], [], None, None, 1, "", role=role, path_name=tname))
         in_vals.append(v)
         in_names.append(tname)
