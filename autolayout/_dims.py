@@ -76,6 +76,8 @@ def _child(node: Any, key: Any) -> Any:
     if isinstance(node, Seq) and not isinstance(node, str):
         return node[k] if isinstance(k, int) and -len(node) <= k < len(node) else _MISSING
     if isinstance(k, str):
+        if k == "value" and callable(getattr(node, "get_value", None)):
+            return node.get_value()  # nnx variables (``.value`` is deprecated there)
         return getattr(node, k, _MISSING)
     try:
         return node[k]

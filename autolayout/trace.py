@@ -64,6 +64,26 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     per axis: ``"batch length d_model"`` or ``("batch", "length", "d_model")``;
     ``"_"`` or ``None`` for one axis leaves it to inference.
     ``roles`` mirrors ``args`` likewise with ``"input" | "param" | "opt_state"``.
+
+    **Pytree prefixes** (module :mod:`autolayout._dims`): ``dims`` and ``roles`` may be any
+    prefix of the arguments' pytree — tuples, lists, dicts, dataclasses and ``TrainState`` s
+    are followed by index, key or attribute (a dict may stand for an object:
+    ``{"params": {"Dense_0": {"kernel": "embed mlp"}}}``, and the top level may be keyed by
+    the function's parameter names: ``dims={"batch": "batch length"}``); a dict may leave
+    entries out (they infer) but naming an entry the arguments lack is a :class:`DimsError`
+    (a ``ValueError``) naming the path. A leaf's dims may also be a ``PartitionSpec`` of
+    logical names (``nn.get_partition_spec(variables)``) or a names tuple for a boxed
+    parameter (``nn.LogicallyPartitioned``, ``nnx.Param``).
+
+    **Flax metadata** (``axis_metadata=True``): a leaf with no ``dims`` takes the logical axis
+    names its Flax box carries — ``nn.with_logical_partitioning(init, ("embed", "mlp"))`` in
+    linen, ``nnx.with_partitioning`` / ``out_sharding`` metadata in nnx — so an annotated model
+    needs no ``dims``. Roles not given come from the library types: a ``TrainState``'s
+    ``params`` are parameters and its ``opt_state`` optimizer state; ``nnx.Param`` s are
+    parameters and nnx optimizer variables optimizer state.
+
+    ``names`` renames dims of the traced graph (:meth:`Graph.rename`), e.g. the automatic
+    ``d<size>`` names of axes nothing names: ``names={"d4": "heads"}``.
     ``donate_argnums`` (as for ``jax.jit``): arguments whose buffers the outputs reuse —
     an output leaf at the same position and path as a leaf of a donated argument (e.g.
     the new ``params`` of ``(params, opt_state, batch) -> (params, opt_state, loss)``)
@@ -133,9 +153,9 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
         v = tr.new_val(aval.shape, aval.dtype)
-        names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
+        axis_names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
                                   metadata=axis_metadata)
-        for n, size, slot in zip(names or (), aval.shape, v.slots):
+        for n, size, slot in zip(axis_names or (), aval.shape, v.slots):
             if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
                 tr.name_slot(slot, n, f"{where} of shape {tuple(aval.shape)}"
                              + (f" (names from {source})" if source != "dims" else ""))
@@ -149,10 +169,11 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
                name or getattr(fn, "__name__", "graph"))
     spec = jax.eval_shape(lambda *a: a, *args)
     roles_found = param_roles(g, spec, [p for p, _ in flat], in_names, in_roles)
-    return Graph(g.ops(), input_names=g.input_names, in_tree=g.in_tree, outputs=g.outputs,
-                 out_tree=g.out_tree, loops=tuple(g.loops.values()), name=g.name,
-                 param_roles=roles_found, donated=_donations(g, flat, in_names, out_tree, donate_argnums),
-                 fn=fn, example_spec=spec, arg_dims=dims, arg_roles=roles)
+    g = Graph(g.ops(), input_names=g.input_names, in_tree=g.in_tree, outputs=g.outputs,
+              out_tree=g.out_tree, loops=tuple(g.loops.values()), name=g.name,
+              param_roles=roles_found, donated=_donations(g, flat, in_names, out_tree, donate_argnums),
+              fn=fn, example_spec=spec, arg_dims=dims, arg_roles=roles)
+    return g.rename(names) if names else g
 
 
 def _donations(g: Graph, flat: list, in_names: list, out_tree: Any, donate: Sequence[int]) -> dict:
