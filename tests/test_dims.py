@@ -213,7 +213,6 @@ def test_rename_gives_automatic_dims_real_names_everywhere():
     np.testing.assert_allclose(r.evaluate(x, w), jax.jit(_heads_step)(x, w), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_a_renamed_graph_searches_and_executes_with_its_names():
     g = trace(_heads_step, *HEADS_ARGS, dims=HEADS_DIMS, names={"d4": "heads"})
     best = search(g, "x:2,y:4", hardware="tpu-v4")
