@@ -15,6 +15,9 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
            out_tree: Any, gname: str) -> Graph:
     import jax
 
+    if tr.problems:
+        from autolayout._unsupported import report
+        raise report(tr.problems, gname)
     uf = tr.uf
     cls_name: dict[int, str] = {}
     taken = {uf.user[uf.find(s)] for s in range(len(uf.parent)) if uf.user[uf.find(s)]}
@@ -108,7 +111,7 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
         if p.groups is not None:
             attrs = (("groups", tuple((tuple(name(s) for s in gi), tuple(name(s) for s in go))
                                       for gi, go in p.groups)),)
-        elif p.fn in ("rename", "carry", "slice", "stack", "result"):
+        elif p.kind == "reshape" and p.fn in ("rename", "carry", "slice", "stack", "result"):
             src = p.named_inputs[0]
             attrs = (("groups", identity_groups(shape(src), out_t.shape)),)
         if p.attrs_fn is not None:

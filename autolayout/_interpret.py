@@ -6,7 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autolayout._unify import TraceError, _binder, _Core, _Pending, _reshape_groups, _shapes, _Val
+from autolayout._along import ALONG, _AlongRules
+from autolayout._unsupported import Unsupported, unsupported
+from autolayout._unify import TraceError, _binder, _Pending, _reshape_groups, _shapes, _Val
 
 ELEMENTWISE = frozenset("""
 abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
@@ -23,7 +25,7 @@ CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_cal
          "remat": "jaxpr"}
 
 
-class _Tracer(_Core):
+class _Tracer(_AlongRules):
     """Interprets a jaxpr equation by equation into pending named ops."""
 
     def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
@@ -32,6 +34,13 @@ class _Tracer(_Core):
             env[var] = self.constant(c, ctx)
         for var, v in zip(jaxpr.invars, in_vals):
             env[var] = v
+        outer, self.used = self.used, _used_vars(jaxpr)
+        try:
+            return self._run(jaxpr, env, ctx)
+        finally:
+            self.used = outer
+
+    def _run(self, jaxpr: Any, env: dict, ctx: tuple) -> list:
         for eqn in jaxpr.eqns:
             ins = [self.read(env, x, ctx) for x in eqn.invars]
             outs = self.eqn(eqn, ins, ctx)
@@ -55,6 +64,18 @@ class _Tracer(_Core):
         return v
 
     def eqn(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
+        """Interpret one equation; an unsupported one is recorded (:attr:`problems`) and
+        stands in as fresh values, so that one trace reports every unsupported construct."""
+        try:
+            return self.rule(eqn, ins, ctx)
+        except Unsupported as e:
+            self.problems.append(e.item)
+        except TraceError:
+            if not self.problems:  # a real error; after an unsupported one, maybe its echo
+                raise
+        return [self.new_val(v.aval.shape, v.aval.dtype, ctx=ctx) for v in eqn.outvars]
+
+    def rule(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
         prim = eqn.primitive.name
         params = dict(eqn.params)
         if prim in CALLS:
@@ -68,8 +89,10 @@ class _Tracer(_Core):
                 self.sites.pop()
         if prim == "scan":
             return self.scan(eqn, ins, ctx)
+        if prim in ALONG:
+            return self.along_eqn(eqn, ins, ctx)
         if len(eqn.outvars) != 1:
-            raise self.unsupported(eqn, "it has several outputs")
+            raise self.unsupported(eqn)
         aval = eqn.outvars[0].aval
         if prim in ELEMENTWISE:
             return [self.elementwise(eqn, ins, aval, ctx)]
@@ -99,15 +122,14 @@ class _Tracer(_Core):
             return [out]
         if prim == "gather":
             return [self.gather(eqn, ins, aval, ctx)]
+        if prim == "conv_general_dilated":
+            return [self.conv(eqn, ins, aval, ctx)]
         if prim in ("scatter-add", "scatter_add"):
             return [self.scatter_add(eqn, ins, aval, ctx)]
-        raise self.unsupported(eqn, "autolayout has no named-dimension rule for it")
+        raise self.unsupported(eqn)
 
-    def unsupported(self, eqn: Any, why: str) -> TraceError:
-        return TraceError(
-            f"unsupported primitive `{eqn.primitive.name}` with inputs ({_shapes(eqn)}) at "
-            f"{self.source(eqn) or 'unknown source'}: {why}. Rewrite this step with einsum, elementwise, "
-            f"reduction, reshape, gather or scan operations, or wrap it outside the traced function.")
+    def unsupported(self, eqn: Any, why: str | None = None) -> Unsupported:
+        return unsupported(eqn.primitive.name, _shapes(eqn), self.source(eqn), why)
 
     def view(self, val: _Val, aval: Any, ctx: tuple) -> _Val:
         """A value that views ``val``'s data with another positional shape (alias/broadcast)."""
@@ -212,50 +234,94 @@ class _Tracer(_Core):
         return out
 
     def gather(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
-        table, idx = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        """``take`` along one axis (embedding lookups, ``x[:, idx]``) and, with
+        ``operand_batching_dims``, ``take_along_axis`` (cross-entropy's label pick): the
+        output's dims are the index's dims plus the table's dims other than the indexed one;
+        the batching dims are shared by table and index (attr ``batch``)."""
+        tv, iv = ins
         dn = eqn.params["dimension_numbers"]
+        ob, ib = tuple(dn.operand_batching_dims), tuple(dn.start_indices_batching_dims)
+        sizes = eqn.params["slice_sizes"]
         ok = (len(dn.start_index_map) == 1 and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
-              and not dn.operand_batching_dims and idx.shape and idx.shape[-1] == 1
-              and all(s == table.shape[i] for i, s in enumerate(eqn.params["slice_sizes"])
-                      if i not in dn.collapsed_slice_dims))
-        if not ok or table.root is None or idx.root is None:
-            raise self.unsupported(eqn, "only embedding-style lookups (take along one axis) are supported")
-        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+              and iv.shape and iv.shape[-1] == 1
+              and all(s == tv.shape[i] for i, s in enumerate(sizes)
+                      if i not in dn.collapsed_slice_dims and i not in ob)
+              and all(sizes[i] == 1 for i in ob))
+        if not ok:
+            raise self.unsupported(eqn, "only lookups along one axis (jnp.take, x[:, idx], "
+                                   "jnp.take_along_axis) are supported")
         axis = dn.collapsed_slice_dims[0]
         offset = sorted(dn.offset_dims)
-        kept = [i for i in range(len(table.shape)) if i != axis]
-        table = self.bind(table, [(a, out.slots[o]) for a, o in zip(kept, offset)], eqn, ctx)
-        batch_pos = [i for i in range(len(aval.shape)) if i not in offset]
-        idx = self.bind(idx, [(a, out.slots[o]) for a, o in zip(range(len(idx.shape) - 1), batch_pos)],
-                        eqn, ctx)
+        kept = [i for i in range(len(tv.shape)) if i != axis and i not in ob]
+        ipos = [o for o in range(len(aval.shape)) if o not in offset]  # index dims -> output positions
+        if tv.shape[axis] == 1:  # a size-1 axis: a view of the table (index 0), e.g. x[..., 0] of [..., 1]
+            if tv.root is not None and self._index_is_zero(iv, eqn):
+                out = self.view(tv, aval, ctx)
+                self.bind(tv, [(a, out.slots[o]) for a, o in zip(kept, offset)] +
+                          [(b, out.slots[ipos[j]]) for b, j in zip(ob, ib)], eqn, ctx)
+                return out
+            raise self.unsupported(eqn, "a lookup along a size-1 axis with an index that is not the "
+                                   "constant 0")
+        table, idx = (self.node_of(v, ctx) if v.root is None else v for v in (tv, iv))
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        table = self.bind(table, [(a, out.slots[o]) for a, o in zip(kept, offset)] +
+                          [(b, out.slots[ipos[j]]) for b, j in zip(ob, ib)], eqn, ctx)
+        idx = self.bind(idx, [(a, out.slots[o]) for a, o in zip(range(len(idx.shape) - 1), ipos)], eqn, ctx)
         p = _Pending("gather", "take", "gather", out, [table, idx],
                      [self.node_of(table, ctx), self.node_of(idx, ctx)], _binder(eqn),
                      ctx[0], ctx[1], self.source(eqn))
-        p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),)
+        p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),) + _batch_attr(
+            name, [table.slots[b] for b in ob])
         self.add(p)
         return out
 
+    def _index_is_zero(self, iv: _Val, eqn: Any) -> bool:
+        """Whether a literal index selects element 0 of a size-1 axis (every mode but
+        FILL_OR_DROP clamps any index to 0 there)."""
+        if iv.root is not None:
+            return False
+        mode = str(eqn.params.get("mode", ""))
+        return "FILL_OR_DROP" not in mode or bool(np.all(np.asarray(iv.literal) % 1 == 0) and
+                                                  np.all(np.isin(np.asarray(iv.literal), (0, -1))))
+
     def scatter_add(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
-        operand, idx, upd = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        """The transpose of :meth:`gather`: add the updates at the indexed positions of
+        one axis (an embedding's gradient, ``take_along_axis``'s with batching dims)."""
+        ov, iv, uv = ins
         dn = eqn.params["dimension_numbers"]
+        ob, ib = tuple(dn.operand_batching_dims), tuple(dn.scatter_indices_batching_dims)
         ok = (len(dn.scatter_dims_to_operand_dims) == 1
               and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
-              and not dn.operand_batching_dims and idx.shape and idx.shape[-1] == 1
-              and operand.root is not None and idx.root is not None and upd.root is not None)
+              and iv.shape and iv.shape[-1] == 1
+              and len(dn.update_window_dims) == len(aval.shape) - 1 - len(ob))
         if not ok:
-            raise self.unsupported(eqn, "only embedding-gradient scatter-adds are supported")
-        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
-        operand = self.bind(operand, [(i, out.slots[i]) for i in range(len(aval.shape))], eqn, ctx)
+            raise self.unsupported(eqn, "only scatter-adds along one axis (the gradient of jnp.take or "
+                                   "jnp.take_along_axis) are supported")
         axis = dn.inserted_window_dims[0]
         window = sorted(dn.update_window_dims)
-        kept = [i for i in range(len(aval.shape)) if i != axis]
-        upd = self.bind(upd, [(w, out.slots[k]) for w, k in zip(window, kept)], eqn, ctx)
-        scat = [i for i in range(len(upd.shape)) if i not in window]
+        kept = [i for i in range(len(aval.shape)) if i != axis and i not in ob]
+        scat = [i for i in range(len(uv.shape)) if i not in window]  # update dims <- index dims
+        if aval.shape[axis] == 1:  # a size-1 axis: zeros plus the updates, a view of them
+            zero = ov.root is None and not np.any(np.asarray(ov.literal))
+            if zero and self._index_is_zero(iv, eqn):
+                out = self.view(uv, aval, ctx)
+                if uv.root is not None:
+                    self.bind(uv, [(w, out.slots[k]) for w, k in zip(window, kept)] +
+                              [(scat[j], out.slots[b]) for b, j in zip(ob, ib)], eqn, ctx)
+                return out
+            raise self.unsupported(eqn, "a scatter-add along a size-1 axis other than the gradient of "
+                                   "taking element 0")
+        operand, idx, upd = (self.node_of(v, ctx) if v.root is None else v for v in ins)
+        out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
+        operand = self.bind(operand, [(i, out.slots[i]) for i in range(len(aval.shape))], eqn, ctx)
+        upd = self.bind(upd, [(w, out.slots[k]) for w, k in zip(window, kept)] +
+                        [(scat[j], out.slots[b]) for b, j in zip(ob, ib)], eqn, ctx)
         idx = self.bind(idx, [(a, upd.slots[s]) for a, s in zip(range(len(idx.shape) - 1), scat)], eqn, ctx)
         p = _Pending("scatter", "scatter-add", "scatter_add", out, [operand, idx, upd],
                      [self.node_of(v, ctx) for v in (operand, idx, upd)], _binder(eqn),
                      ctx[0], ctx[1], self.source(eqn))
-        p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),)
+        p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),) + _batch_attr(
+            name, [out.slots[b] for b in ob])
         self.add(p)
         return out
 
@@ -323,3 +389,18 @@ class _Tracer(_Core):
             info["stacks"].append(st)
             stacks.append(st)
         return [*results, *stacks]
+
+
+def _used_vars(jaxpr: Any) -> set:
+    """The variables of ``jaxpr`` that an equation or the result reads."""
+    from jax._src.core import Literal
+
+    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, Literal)}
+    return used | {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+
+
+def _batch_attr(name: Any, slots: list) -> tuple:
+    """The ``batch`` attr of a gather/scatter: names of the batching dims shared by the
+    table (or scattered-into operand) and the index (size-1 ones have none)."""
+    names = tuple(name(s) for s in slots if s is not None)
+    return (("batch", names),) if names else ()

@@ -103,7 +103,7 @@ class _UnionFind:
 
 # autolayout's own tracing modules (named() lives in trace.py): never the user's line
 _OWN_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
-              for f in ("trace.py", "_unify.py", "_interpret.py", "_build.py", "train.py")}
+              for f in ("trace.py", "_unify.py", "_interpret.py", "_along.py", "_unsupported.py", "_build.py", "train.py")}
 
 
 def _source(eqn: Any) -> str:
@@ -136,6 +136,8 @@ class _Core:
         self.rename_origin: dict[int, int] = {}  # renamed slot -> slot it was renamed from
         self.loop_slots: dict[int, str] = {}
         self.by_name: dict[str, int] = {}
+        self.problems: list = []  # unsupported constructs met (autolayout._unsupported.Item)
+        self.used: set = set()  # variables of the jaxpr being interpreted that are read
         self.sites: list[str] = []  # source lines of the enclosing calls (jit, custom_jvp, ...)
 
     def source(self, eqn: Any) -> str:

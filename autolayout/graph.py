@@ -35,7 +35,7 @@ from autolayout.core import Dim, Shape
 
 ROLES = ("input", "param", "opt_state", "activation", "output")
 SOURCE_KINDS = ("input", "param", "opt_state", "constant")
-KINDS = SOURCE_KINDS + ("einsum", "elementwise", "reduce", "reshape", "gather", "scatter")
+KINDS = SOURCE_KINDS + ("einsum", "elementwise", "reduce", "reshape", "gather", "scatter", "along")
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,8 @@ class Op:
         def prod(shape: Sequence[Dim]) -> int:
             return math.prod(n[d.name] for d in shape)
 
+        if self.kind == "einsum" and self.fn == "conv":  # each output element: a window of MACs
+            return 2 * prod(self.output.shape) * math.prod(n[d] for d in self.attr("window", ()))
         if self.kind == "einsum":
             total = prod(self.dims)
             return 2 * total if len(self.inputs) >= 2 else total

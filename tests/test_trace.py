@@ -313,13 +313,12 @@ def test_user_errors_are_explained(make, pattern):
 
 
 UNSUPPORTED = [
-    ("cumsum", lambda x: jnp.cumsum(x, axis=1), (X46,), "cumsum", "float32[4,6]"),
-    ("sort", lambda x: lax.sort(x), (X46,), "sort", "float32[4,6]"),
-    ("concatenate", lambda x, y: jnp.concatenate([x, y], axis=1), (X46, S((4, 3), F32)),
-     "concatenate", "float32[4,6], float32[4,3]"),
+    ("while", lambda x, n: lax.fori_loop(0, n, lambda i, c: c * 2.0, x), (X46, S((), jnp.int32)), "while",
+     "~int32[], int32[], float32[4,6]"),
+    ("cond", lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), (X46,), "cond", "int32[], float32[4,6]"),
+    ("scatter", lambda x, i: x.at[i].set(1.0), (X46, S((2,), jnp.int32)), "scatter",
+     "float32[4,6], int32[2,1], float32[2,6]"),
 ]
-
-
 @pytest.mark.parametrize(("fn", "args", "prim", "shapes"), [c[1:] for c in UNSUPPORTED],
                          ids=[c[0] for c in UNSUPPORTED])
 def test_unsupported_primitive_names_primitive_shapes_and_source_line(fn, args, prim, shapes):

@@ -23,6 +23,11 @@ update shard for update ops). Per op kind (paper §6, Table 1):
   need two all-reduces (the winning value, then the smallest winning index).
   No two dims of one of these ops may share a mesh axis (:func:`check_op`).
 * ``elementwise``: no communication; broadcast by name.
+* ``along`` (slice, pad, concatenate, split, cumulative sums, sort, top_k, rev,
+  dynamic slices and updates) and convolutions' spatial dims: computes with the dims it
+  works along (attr ``whole``) unsplit: an input split along one is all-gathered first (the relayout a sliced split dim
+  needs), and the output, computed whole along its new dim, is sliced locally into its
+  stored placement.
 * ``reshape`` (rename, split, merge, loop boundaries): :func:`~.placement.moves`
   between the input's and the output's placements.
 * an input stored in another placement than the op needs is converted first
@@ -67,6 +72,21 @@ def unsplittable(op: Op) -> tuple[str, ...]:
     if op.kind == "reduce" and op.fn not in COMBINABLE:
         return tuple(d.name for d in op.reduced_dims)
     return ()
+
+
+def held_whole(op: Op, name: str) -> str | None:
+    """The indexed dim of a gather or scatter that its input ``name`` is read whole along
+    (all-gathered where the layout splits it), or ``None``: a gather's table when the
+    output has the indexed dim too (the index runs along it, e.g. ``take_along_axis(x,
+    argsort(x))``), and a scatter's index and updates when they have it (every device
+    needs every update into its block)."""
+    if op.kind not in ("gather", "scatter"):
+        return None
+    v = op.attr("indexed")
+    dims = {d.name for d in op.input_shapes[op.inputs.index(name)]}
+    if op.kind == "gather" and name == op.inputs[0]:
+        return v if v in op.output.dim_names else None
+    return v if op.kind == "scatter" and name != op.inputs[0] and v in dims else None
 
 
 def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
@@ -205,6 +225,8 @@ class Planner:
         if op.kind in SOURCES:
             return self._plan(op, op_axes, None, {}, None, out_stored, out_stored, (), None, 0, 0, reads={})
         check_op(op, op_axes)
+        if op.attr("whole"):  # along ops, convolutions: the dims they work along whole (gathered where split)
+            op_axes = {d: a for d, a in op_axes.items() if d not in op.attr("whole", ())}
         itemsize = op.output.itemsize
         computed = flat if flat is not None else Placement.of(op.output.dim_names, op_axes)
         conversions: dict[str, Conversion] = {}
@@ -249,7 +271,8 @@ class Planner:
                     need = (sh.placement(g, t.dim_names, rules) if sh.applies(g, t.dim_names)
                             else Placement.of(t.dim_names, rules))  # broadcast into the shard locally
                 else:
-                    need = Placement.of(t.dim_names, op_axes)
+                    whole = held_whole(op, name)
+                    need = Placement.of(t.dim_names, {d: a for d, a in op_axes.items() if d != whole})
                 if carried and self.stored(name).partial:
                     need = need.with_partial(self.stored(name).partial)
                 self._convert(name, need, conversions, reads)

@@ -101,16 +101,6 @@ class LocalOps:
         lshape = tuple(self.lsize(n, axes) if n else 1 for n in names)
         return jnp.broadcast_to(y, lshape) if tuple(y.shape) != lshape else y
 
-    def _named_operand(self, ins: dict, spec: tuple, axes: Any) -> tuple[Any, list[str]]:
-        """A replay operand aligned to its own non-size-1 names (broadcast locally)."""
-        import jax.numpy as jnp
-
-        _, name, names, _shape = spec
-        want = [n for n in names if n]
-        y = align(ins[name], self.g.tensor(name).dim_names, want)
-        lshape = tuple(self.lsize(n, axes) for n in want)
-        return (jnp.broadcast_to(y, lshape) if tuple(y.shape) != lshape else y), want
-
     # ------------------------------------------------- einsum / elementwise
     def replay(self, op: Any, ins: dict, axes: Any) -> Any:
         """The op's traced primitive on local operands; returns the local (partial) output."""
@@ -179,52 +169,83 @@ class LocalOps:
         return align(idx, kept, op.output.dim_names)
 
     # ------------------------------------------------------ gather/scatter
-    def _local_index(self, idx: Any, vdim: str, axes: Any) -> tuple[Any, Any, int]:
-        """Indices into this device's vocabulary block, a validity mask, and the block size."""
-        nl = self.lsize(vdim, axes)
-        split = axes.get(vdim, ())
+    def _local_index(self, idx: Any, vdim: str, split: tuple[str, ...]) -> tuple[Any, Any, int]:
+        """Indices into this device's block of ``vdim`` (split over ``split``), a validity
+        mask (``None`` when unsplit), and the block size."""
+        nl = self.g.dims[vdim] // self.nsplit(split)
         if not split:
             return idx, None, nl
         local = idx - self.axis_offset(split, nl).astype(idx.dtype)
         valid = (local >= 0) & (local < nl)
         return local, valid, nl
 
-    def gather(self, op: Any, ins: dict, axes: Any) -> Any:
-        """Masked local lookup; the partial sums over a split vocabulary are the plan's to reduce."""
+    def _read_operand(self, ins: dict, spec: tuple, p: Any) -> tuple[Any, list[str]]:
+        """A replay operand aligned to its own non-size-1 names at the local shape of the
+        placement the plan reads it in (broadcast locally)."""
         import jax.numpy as jnp
 
-        vdim = op.attr("indexed")
+        _, name, names, _shape = spec
+        want = [n for n in names if n]
+        y = align(ins[name], self.g.tensor(name).dim_names, want)
+        read = p.reads[name]
+        lshape = tuple(self.g.dims[n] // self.nsplit(read.axes_of(n)) for n in want)
+        return (jnp.broadcast_to(y, lshape) if tuple(y.shape) != lshape else y), want
+
+    @staticmethod
+    def _batched(fn: Any, n: int) -> Any:
+        """``fn`` mapped over ``n`` leading axes shared by all its arguments (batching dims)."""
+        import jax
+
+        for _ in range(n):
+            fn = jax.vmap(fn)
+        return fn
+
+    def gather(self, op: Any, ins: dict, p: Any) -> Any:
+        """Masked local lookup along the indexed dim, mapped over the batching dims; the
+        partial sums over a split indexed dim are the plan's to reduce (a table whose
+        indexed dim the output also has was read unsplit there, as the plan says)."""
+        import jax.numpy as jnp
+
+        vdim, batch = op.attr("indexed"), list(op.attr("batch", ()))
         t_spec, i_spec = op.replay.operands
-        table, tnames = self._named_operand(ins, t_spec, axes)
-        idx, inames = self._named_operand(ins, i_spec, axes)
-        vpos = tnames.index(vdim)
-        local, valid, _ = self._local_index(idx, vdim, axes)
+        table, tnames = self._read_operand(ins, t_spec, p)
+        idx, inames = self._read_operand(ins, i_spec, p)
+        rest = [d for d in tnames if d != vdim and d not in batch]
+        free = [d for d in inames if d not in batch]
+        table = align(table, tnames, batch + [vdim] + rest)
+        idx = align(idx, inames, batch + free)
+        local, valid, _ = self._local_index(idx, vdim, p.reads[op.inputs[0]].axes_of(vdim))
         if valid is not None:
             local = jnp.where(valid, local, 0)
-        out = jnp.take(table, local, axis=vpos, mode="clip")
-        out_dims = tnames[:vpos] + inames + tnames[vpos + 1:]
+        out = self._batched(lambda t, i: jnp.take(t, i, axis=0, mode="clip"), len(batch))(table, local)
+        out_dims = batch + free + rest
         if valid is not None:
-            out = jnp.where(align(valid, inames, out_dims), out, jnp.zeros((), out.dtype))
+            out = jnp.where(align(valid, batch + free, out_dims), out, jnp.zeros((), out.dtype))
         return align(out, out_dims, op.output.dim_names)
 
-    def scatter(self, op: Any, ins: dict, axes: Any) -> Any:
-        """Masked local scatter-add of the updates (partial sums over reduced dims)."""
+    def scatter(self, op: Any, ins: dict, p: Any) -> Any:
+        """Masked local scatter-add of the updates, mapped over the batching dims (partial
+        sums over the index's other dims are the plan's to reduce)."""
         import jax.numpy as jnp
 
-        vdim = op.attr("indexed")
+        vdim, batch = op.attr("indexed"), list(op.attr("batch", ()))
         _, i_spec, u_spec = op.replay.operands
         out_dims = op.output.dim_names
-        idx, inames = self._named_operand(ins, i_spec, axes)
-        upd, unames = self._named_operand(ins, u_spec, axes)
-        rest = [d for d in out_dims if d != vdim]
-        upd = jnp.broadcast_to(align(upd, unames, inames + rest),
-                               tuple(self.lsize(d, axes) for d in inames + rest))
-        local, valid, nl = self._local_index(idx, vdim, axes)
+        idx, inames = self._read_operand(ins, i_spec, p)
+        upd, unames = self._read_operand(ins, u_spec, p)
+        free = [d for d in inames if d not in batch]
+        rest = [d for d in out_dims if d != vdim and d not in batch]
+        lsize = {d: self.g.dims[d] // self.nsplit(p.axes.get(d, ())) for d in out_dims}
+        lsize.update((d, n) for d, n in zip(inames, idx.shape))
+        upd = jnp.broadcast_to(align(upd, unames, batch + free + rest),
+                               tuple(lsize[d] for d in batch + free + rest))
+        idx = align(idx, inames, batch + free)
+        local, valid, nl = self._local_index(idx, vdim, p.axes.get(vdim, ()))
         if valid is not None:
             local = jnp.where(valid, local, nl)  # out of bounds: dropped
-        z = jnp.zeros((nl, *(self.lsize(d, axes) for d in rest)), np.dtype(op.output.dtype))
-        z = z.at[local].add(upd.astype(z.dtype), mode="drop")
-        return align(z, (vdim, *rest), out_dims)
+        z = jnp.zeros((*(lsize[d] for d in batch), nl, *(lsize[d] for d in rest)), np.dtype(op.output.dtype))
+        z = self._batched(lambda z, i, u: z.at[i].add(u.astype(z.dtype), mode="drop"), len(batch))(z, local, upd)
+        return align(z, (*batch, vdim, *rest), out_dims)
 
     # ---------------------------------------------------------- constants
     def constant(self, op: Any, axes: Any) -> Any:

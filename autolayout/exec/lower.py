@@ -126,9 +126,9 @@ class ShardProgram(Interpreter, LocalOps):
         elif op.kind == "reshape":
             x = self.regroup(ins[op.inputs[0]], self.g.tensor(op.inputs[0]).dim_names, p.moves, dims, op.name)
         elif op.kind == "gather":
-            x = self.gather(op, ins, p.axes)
+            x = self.gather(op, ins, p)
         elif op.kind == "scatter":
-            x = self.scatter(op, ins, p.axes)
+            x = self.scatter(op, ins, p)
         elif op.kind == "reduce" and op.fn in ("argmax", "argmin"):
             return self.arg_reduce(op, ins, p.axes)  # its two all-reduces are inside
         else:
