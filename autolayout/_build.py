@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from autolayout._dims import unboxed_path
 from autolayout._unify import _path_str, _Pending, _Val
 from autolayout.core import Dim
 from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor, identity_groups
@@ -70,7 +71,7 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
     for v, n in zip(in_vals, in_names):
         tname[v.id] = n
         used.add(n)
-    out_paths = [_path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+    out_paths = [_path_str(unboxed_path(p)) for p, _ in jax.tree_util.tree_flatten_with_path(
         jax.tree_util.tree_unflatten(out_tree, list(range(out_tree.num_leaves))))[0]]
     out_role: set[int] = set()
     for v, path in zip(outs, out_paths):

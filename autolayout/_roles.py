@@ -56,22 +56,45 @@ def param_roles(graph: Graph, args: Any, in_paths: Sequence[tuple], in_names: Se
         path = tuple(path)
         cpath = _container(path, role_at)
         rel = path[len(cpath):]
-        tdef = jax.tree_util.tree_structure(arg_nodes[cpath])
+        tdef = _structure(arg_nodes[cpath])
         shape = tuple(arg_nodes[path].shape)
         info = found[name] = {"state": [], "update": None}
         for q, node in arg_nodes.items():
-            if q == cpath or jax.tree_util.tree_structure(node) != tdef:
+            if q == cpath or _structure(node) != tdef:
                 continue
             leaf = q + rel
             if role_at.get(leaf) == "opt_state" and tuple(arg_nodes[leaf].shape) == shape:
                 pairs.setdefault(name_at[leaf], []).append(name)
-        info["update"] = _update(graph, name, shape, path, rel, tdef, out_at, out_nodes)
+        own = _own_output_path(path, args, out_obj)
+        info["update"] = _update(graph, name, shape, own, rel, tdef, out_at, out_nodes)
     for state, params in pairs.items():
         if len(params) == 1:
             found[params[0]]["state"].append(state)
 
     grads = _gradients(graph, {n: f["update"] for n, f in found.items() if f["update"]})
     return {n: ParamRole(n, grads.get(n), tuple(f["state"]), f["update"]) for n, f in found.items()}
+
+
+def _structure(node: Any) -> tuple:
+    """A subtree's shape for pairing: the key paths of its leaves. Unlike the treedef it
+    ignores container types and metadata, so that an ``nnx.Param`` pairs with the
+    ``OptVariable`` at its place in the optimizer state (both hold ``.value``)."""
+    import jax
+
+    if node is None or _is_leaf(node):
+        return ("<leaf>",)
+    return tuple(jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(node)[0])
+
+
+def _own_output_path(path: tuple, args: Any, out: Any) -> tuple:
+    """Where the parameter at argument path ``path`` sits in the output: the same path when
+    the step returns a tuple like its arguments (``(params, opt_state, loss)``, ``(state,
+    metrics)``); the path inside the argument when it returns that argument's type alone
+    (``step(state, batch) -> state``)."""
+    arg = args[path[0].idx] if path and hasattr(path[0], "idx") else None
+    if arg is not None and not isinstance(out, (tuple, list)) and type(out) is type(arg):
+        return path[1:]
+    return path
 
 
 def _is_leaf(x: Any) -> bool:
@@ -103,8 +126,6 @@ def _container(path: tuple, role_at: dict) -> tuple:
 def _update(graph: Graph, name: str, shape: tuple, path: tuple, rel: tuple, tdef: Any,
             out_at: dict, out_nodes: dict) -> str | None:
     """The output tensor holding ``name``'s new value (see the module docstring)."""
-    import jax
-
     def usable(i: int | None) -> str | None:
         if i is None:
             return None
@@ -117,8 +138,7 @@ def _update(graph: Graph, name: str, shape: tuple, path: tuple, rel: tuple, tdef
     same = usable(out_at.get(path))
     if same is not None:
         return same
-    mirrors = [q for q, node in out_nodes.items()
-               if node is not None and jax.tree_util.tree_structure(node) == tdef]
+    mirrors = [q for q, node in out_nodes.items() if node is not None and _structure(node) == tdef]
     if len(mirrors) == 1:
         return usable(out_at.get(mirrors[0] + rel))
     return None

@@ -403,6 +403,72 @@ class Graph:
                                sum(o.multiplicity for o in members))
                 for sig, members in groups.items()]
 
+    def rename(self, names: Mapping[str, str]) -> "Graph":
+        """A copy of this graph with dims renamed by ``names`` (old -> new), e.g. the automatic
+        names the tracer gives axes no argument names (``d4``, ``d2_1``: heads made by a
+        reshape inside library code) so that layouts read with real names::
+
+            g = g.rename({"d4": "heads", "d16": "d_kv"})
+            autolayout.search(g, "x:2,y:4").layout   # 'batch:x;heads:y' instead of '...;d4:y'
+
+        Everything that names a dim follows: tensor shapes, reshape groups and other op
+        attributes, replays, output specs, loop dims. Raises ``ValueError`` naming the dim
+        for an old name the graph lacks, a new name that is not a valid dim name, or one
+        that another dim keeps or two dims would share (a rename never merges dims).
+        """
+        from autolayout.core import _check_name, _closest
+
+        names = dict(names)
+        unknown = [d for d in names if d not in self.dims]
+        if unknown:
+            raise ValueError(f"rename: graph {self.name!r} has no dim {unknown[0]!r}; its dims are "
+                             f"{sorted(self.dims)}." + _closest(unknown[0], self.dims))
+        new_of = {d: names.get(d, d) for d in self.dims}
+        for old, new in names.items():
+            _check_name(new, f"rename: new name of dim {old!r}")
+        seen: dict[str, str] = {}
+        for old, new in new_of.items():
+            if new in seen:
+                a, b = seen[new], old
+                kept = a if a not in names else b if b not in names else None
+                why = (f"dim {kept!r} keeps that name" if kept is not None
+                       else f"dims {a!r} and {b!r} would both get it")
+                fix = f"rename {kept!r} too" if kept is not None else "give them different names"
+                raise ValueError(f"rename: {new!r} is taken ({why}); a rename never merges dims. "
+                                 f"Fix: choose another name, or {fix}.")
+            seen[new] = old
+        if all(o == n for o, n in new_of.items()):
+            return self
+
+        def shape(sh: Shape) -> Shape:
+            return tuple(Dim(new_of[d.name], d.size) for d in sh)
+
+        def attr(v: Any) -> Any:
+            if isinstance(v, str):
+                return new_of.get(v, v)
+            if isinstance(v, tuple):
+                return tuple(attr(x) for x in v)
+            return v
+
+        def replay(r: Replay | None) -> Replay | None:
+            if r is None:
+                return None
+            ops = tuple(("tensor", o[1], tuple(None if d is None else new_of[d] for d in o[2]), *o[3:])
+                        if o[0] == "tensor" else o for o in r.operands)
+            return dataclasses.replace(r, operands=ops)
+
+        ops = [dataclasses.replace(
+            op, input_shapes=tuple(shape(s) for s in op.input_shapes),
+            output=dataclasses.replace(op.output, shape=shape(op.output.shape)),
+            attrs=tuple((k, attr(v)) for k, v in op.attrs), replay=replay(op.replay)) for op in self.ops()]
+        outputs = [dataclasses.replace(o, dims=tuple(None if d is None else new_of[d] for d in o.dims))
+                   for o in self.outputs]
+        loops = [dataclasses.replace(lp, dim=new_of.get(lp.dim, lp.dim)) for lp in self.loops.values()]
+        return Graph(ops, input_names=self.input_names, in_tree=self.in_tree, outputs=outputs,
+                     out_tree=self.out_tree, loops=loops, name=self.name, param_roles=self.param_roles,
+                     donated=self.donated, fn=self.fn, example_spec=self.example_spec,
+                     arg_dims=self.arg_dims, arg_roles=self.arg_roles)
+
     def summary(self) -> str:
         """Human-readable digest: ops by kind, dims, params, flops."""
         kinds = Counter(op.kind for op in self.ops())

@@ -22,16 +22,17 @@ broadcast by name. A broadcast feeding anything else becomes a one-input
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from autolayout._build import _build
+from autolayout._dims import DimsError, leaf_dims, leaf_role, unboxed_path
 from autolayout._interpret import _Tracer
 from autolayout._roles import param_roles
 from autolayout.core import LayoutError, _check_name
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph
 
-__all__ = ["trace", "named", "TraceError"]
+__all__ = ["trace", "named", "TraceError", "DimsError"]
 
 
 def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None = None) -> Any:
@@ -57,71 +58,6 @@ def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None =
     return checkpoint_name(x, tag)
 
 
-def _lookup(tree: Any, path: Sequence[Any], what: str = "dims") -> Any:
-    """Follow a jax key path into a user pytree that may stop early (a prefix).
-
-    Raises :class:`TraceError` naming ``what`` and the argument path when the tree has
-    no entry there (it does not mirror ``args``)."""
-    from jax.tree_util import DictKey, GetAttrKey, SequenceKey, keystr
-
-    node = tree
-    for i, key in enumerate(path):
-        if node is None or isinstance(node, str):
-            return node
-        try:
-            if isinstance(key, DictKey):
-                node = node[key.key]
-            elif isinstance(key, SequenceKey):
-                node = node[key.idx]
-            elif isinstance(key, GetAttrKey):
-                node = getattr(node, key.name)
-            else:
-                node = node[getattr(key, "key", getattr(key, "idx", key))]
-        except (KeyError, IndexError, AttributeError, TypeError) as exc:
-            raise TraceError(
-                f"{what} does not mirror args: no entry for argument {keystr(tuple(path[:i + 1]))} "
-                f"(in {type(node).__name__} {_short(node)}); give {what} the structure of args, or a prefix "
-                f"of it, or None for an argument to infer") from exc
-    return node
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _check_mirror(tree: Any, args: Any, what: str) -> None:
-    """Every entry of the user pytree ``tree`` (``dims``/``roles``) names an argument: an
-    entry that matches no part of ``args`` is an error, not ignored. (Walks both side by
-    side; ``None``/a string/a tuple of names ends the walk: it covers the whole subtree.)"""
-    from collections.abc import Mapping
-
-    def bad(path: str) -> TraceError:
-        return TraceError(f"{what} has an entry {path} that matches no argument; "
-                          f"give {what} the structure of args (or a prefix of it)")
-
-    def walk(node: Any, arg: Any, path: str) -> None:
-        if node is None or isinstance(node, str) or (path and _is_names(node)):
-            return
-        if isinstance(node, Mapping):
-            for k, v in node.items():
-                if not isinstance(arg, Mapping) or k not in arg:
-                    raise bad(f"{path}[{k!r}]")
-                walk(v, arg[k], f"{path}[{k!r}]")
-        elif isinstance(node, tuple) and hasattr(node, "_fields"):  # a namedtuple: jax keys its fields
-            for k, v in zip(node._fields, node):
-                if not hasattr(arg, k):
-                    raise bad(f"{path}.{k}")
-                walk(v, getattr(arg, k), f"{path}.{k}")
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                if not isinstance(arg, (list, tuple)) or i >= len(arg):
-                    raise bad(f"{path}[{i}]")
-                walk(v, arg[i], f"{path}[{i}]")
-
-    walk(tree, args, "")
-
-
 def _check_dim_name(name: str, where: str) -> None:
     try:
         _check_name(name, "dim name")
@@ -129,12 +65,9 @@ def _check_dim_name(name: str, where: str) -> None:
         raise TraceError(f"{where}: {exc} (those characters separate dims and mesh axes in layouts)") from exc
 
 
-def _is_names(x: Any) -> bool:
-    return isinstance(x, tuple) and all(isinstance(n, str) or n is None for n in x)
-
-
 def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
-          name: str | None = None, donate_argnums: Sequence[int] = ()) -> Graph:
+          name: str | None = None, donate_argnums: Sequence[int] = (), axis_metadata: bool = True,
+          names: Mapping[str, str] | None = None) -> Graph:
     """Trace ``fn(*args)`` into a named-dimension :class:`Graph`.
 
     ``args`` may hold arrays or ``jax.ShapeDtypeStruct`` s (nothing is allocated).
@@ -142,6 +75,26 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     per axis: ``"batch length d_model"`` or ``("batch", "length", "d_model")``;
     ``"_"`` or ``None`` for one axis leaves it to inference.
     ``roles`` mirrors ``args`` likewise with ``"input" | "param" | "opt_state"``.
+
+    **Pytree prefixes** (module :mod:`autolayout._dims`): ``dims`` and ``roles`` may be any
+    prefix of the arguments' pytree — tuples, lists, dicts, dataclasses and ``TrainState`` s
+    are followed by index, key or attribute (a dict may stand for an object:
+    ``{"params": {"Dense_0": {"kernel": "embed mlp"}}}``, and the top level may be keyed by
+    the function's parameter names: ``dims={"batch": "batch length"}``); a dict may leave
+    entries out (they infer) but naming an entry the arguments lack is a :class:`DimsError`
+    (a ``ValueError``) naming the path. A leaf's dims may also be a ``PartitionSpec`` of
+    logical names (``nn.get_partition_spec(variables)``) or a names tuple for a boxed
+    parameter (``nn.LogicallyPartitioned``, ``nnx.Param``).
+
+    **Flax metadata** (``axis_metadata=True``): a leaf with no ``dims`` takes the logical axis
+    names its Flax box carries — ``nn.with_logical_partitioning(init, ("embed", "mlp"))`` in
+    linen, ``nnx.with_partitioning`` / ``out_sharding`` metadata in nnx — so an annotated model
+    needs no ``dims``. Roles not given come from the library types: a ``TrainState``'s
+    ``params`` are parameters and its ``opt_state`` optimizer state; ``nnx.Param`` s are
+    parameters and nnx optimizer variables optimizer state.
+
+    ``names`` renames dims of the traced graph (:meth:`Graph.rename`), e.g. the automatic
+    ``d<size>`` names of axes nothing names: ``names={"d4": "heads"}``.
     ``donate_argnums`` (as for ``jax.jit``): arguments whose buffers the outputs reuse —
     an output leaf at the same position and path as a leaf of a donated argument (e.g.
     the new ``params`` of ``(params, opt_state, batch) -> (params, opt_state, loss)``)
@@ -191,38 +144,38 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     closed = closed.replace(jaxpr=live)
     for tree, what in ((dims, "dims"), (roles, "roles")):
-        if tree is not None:
-            _check_mirror(tree, args, what)
+        if isinstance(tree, (list, tuple)) and len(tree) > len(args):  # one entry per argument
+            raise DimsError(f"{what} has an entry [{len(args)}] that matches no argument: {len(tree)} entries "
+                            f"for {len(args)} arguments; give {what} one entry per argument (or a prefix)")
     tr = _Tracer()
     in_vals, in_names, in_roles = [], [], []
-    plain = [(_path_str(p[1:]) if len(p) > 1 else "") for p, _ in flat]
+    plain = [(_path_str(unboxed_path(p)[1:]) if len(p) > 1 else "") for p, _ in flat]
     counts: dict[str, int] = {}
     for s in plain:
         counts[s] = counts.get(s, 0) + 1
+    prefixes: dict[tuple, int] = {}
+    for p, _ in flat:
+        for i in range(len(p) + 1):
+            prefixes[tuple(p[:i])] = prefixes.get(tuple(p[:i]), 0) + 1
     for k, ((path, leaf), var) in enumerate(zip(flat, closed.jaxpr.invars)):
         top = arg_names[path[0].idx] if arg_names and path[0].idx < len(arg_names) else f"arg{path[0].idx}"
         short = plain[k]
         tname = short if short and counts[short] == 1 else "/".join(x for x in (top, short) if x)
-        role = _lookup(roles, path, "roles") if roles is not None else None
-        role = role or "input"
+        aval = var.aval
+        where = f"argument {tname!r}" + (f" (at {top}{jax.tree_util.keystr(tuple(path[1:]))})" if len(path) > 1 else "")
+        n_under = [prefixes[tuple(path[:i])] for i in range(len(path) + 1)]
+        role = leaf_role(roles, args, path, n_under, arg_names, where) or "input"
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
-        aval = var.aval
         v = tr.new_val(aval.shape, aval.dtype)
-        names = _lookup(dims, path) if dims is not None else None
-        if names is not None:
-            if isinstance(names, str):
-                names = tuple(names.replace(",", " ").split())
-            if len(names) != len(aval.shape):
-                raise TraceError(
-                    f"argument {tname!r} has shape {tuple(aval.shape)} ({len(aval.shape)} axes) but dims "
-                    f"gives {len(names)} names {names}: give one name per axis, e.g. "
-                    f"{' '.join(f'd{i}' for i in range(len(aval.shape)))!r}")
-            for n, size, slot in zip(names, aval.shape, v.slots):
-                if n not in (None, "_"):
-                    _check_dim_name(n, f"dims of argument {tname!r}")
-                if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
-                    tr.name_slot(slot, n, f"argument {tname!r} of shape {tuple(aval.shape)}")
+        axis_names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
+                                  metadata=axis_metadata)
+        for n, size, slot in zip(axis_names or (), aval.shape, v.slots):
+            if n not in (None, "_"):
+                _check_dim_name(n, f"dims of {where}")
+            if n not in (None, "_") and slot is not None:  # "_" = infer, as in named()
+                tr.name_slot(slot, n, f"{where} of shape {tuple(aval.shape)}"
+                             + (f" (names from {source})" if source != "dims" else ""))
         tr.add(_Pending(role, role, role, v, [], [], None, None, 1, "", role=role, path_name=tname))
         in_vals.append(v)
         in_names.append(tname)
@@ -233,10 +186,11 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
                name or getattr(fn, "__name__", "graph"))
     spec = jax.eval_shape(lambda *a: a, *args)
     roles_found = param_roles(g, spec, [p for p, _ in flat], in_names, in_roles)
-    return Graph(g.ops(), input_names=g.input_names, in_tree=g.in_tree, outputs=g.outputs,
-                 out_tree=g.out_tree, loops=tuple(g.loops.values()), name=g.name,
-                 param_roles=roles_found, donated=_donations(g, flat, in_names, out_tree, donate_argnums),
-                 fn=fn, example_spec=spec, arg_dims=dims, arg_roles=roles)
+    g = Graph(g.ops(), input_names=g.input_names, in_tree=g.in_tree, outputs=g.outputs,
+              out_tree=g.out_tree, loops=tuple(g.loops.values()), name=g.name,
+              param_roles=roles_found, donated=_donations(g, flat, in_names, out_tree, donate_argnums),
+              fn=fn, example_spec=spec, arg_dims=dims, arg_roles=roles)
+    return g.rename(names) if names else g
 
 
 def _donations(g: Graph, flat: list, in_names: list, out_tree: Any, donate: Sequence[int]) -> dict:

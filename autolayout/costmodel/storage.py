@@ -272,6 +272,10 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
         if base.applies(graph, graph.op(t).output.dim_names) and _shardable(graph.op(t), dim):
             stored.add(t)
             computed.add(t)
+    if dim:
+        more_stored, more_computed = _shard_readers(graph, dim, stored | ({pname} if stage >= 3 else set()))
+        stored |= more_stored
+        computed |= more_computed
     if stage < 3:
         stored.discard(new_param)  # computed on the shard, stored whole: all-gathered after its op
     else:
@@ -337,6 +341,35 @@ def _nonlinear(graph: Graph, path: Sequence[str], partial_in: set[str], grad: st
             return t
         partial.add(t)
     return None
+
+
+def _shard_readers(graph: Graph, dim: str, stored: set[str]) -> tuple[set[str], set[str]]:
+    """Ops outside loops that read the shard and compute on it instead of gathering it:
+    element-wise maps of stored tensors (and scalars) that keep the shard's ``dim``, and sums
+    over ``dim`` of those. Clip-by-global-norm's squared norm of a sharded gradient is one:
+    the squares and their local sum are computed on the shard, and the sum is all-reduced over
+    the shard's axes (and the layout's) as every reduction over a split dim is (costmodel.plan)."""
+    more_stored: set[str] = set()
+    more_computed: set[str] = set()
+    frontier = sorted(stored, key=graph.order.index)
+    while frontier:
+        t = frontier.pop()
+        for c in graph.consumers(t):
+            op = graph.op(c)
+            if c in stored or c in more_stored or c in more_computed or op.loop is not None:
+                continue
+            tensors = [i for i in op.inputs if graph.tensor(i).dim_names]
+            if not all(i in stored or i in more_stored for i in tensors):
+                continue
+            if op.kind == "elementwise" and dim in op.output.dim_names and all(
+                    set(graph.tensor(i).dim_names) == set(op.output.dim_names) for i in tensors):
+                more_stored.add(c)
+                more_computed.add(c)
+                frontier.append(c)
+            elif dim not in op.output.dim_names and len(set(op.inputs)) == 1 and (
+                    (op.kind == "reduce" and op.fn == "sum") or (op.kind == "einsum" and op.fn == "sum")):
+                more_computed.add(c)
+    return more_stored, more_computed
 
 
 @lru_cache(maxsize=1024)
