@@ -512,3 +512,54 @@ def test_hypothesis_random_limits_and_budgets_never_over_the_limit():
             _assert_fits(r, g, limit)
 
     check()
+
+
+def test_overlap_rows_stay_exact_under_cp_sat_presolve():
+    # A case where CP-SAT (ortools 9.15, presolve on, objective resolution 10^12) reported
+    # an "OPTIMAL" objective above the value of the layout it returned; the true optimum,
+    # found by enumerating every storage option of every layout with predict (the oracle
+    # below), is what the search must return.
+    import jax
+    import jax.numpy as jnp
+
+    from autolayout import trace, train_step, init_opt_state
+    from autolayout.costmodel.hardware import Link
+
+    def loss_fn(params, batch):
+        h = jax.nn.gelu(batch["x"] @ params["w1"] + params["b1"])
+        return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+    f32 = jnp.float32
+    params = {"w1": jax.ShapeDtypeStruct((128, 512), f32), "b1": jax.ShapeDtypeStruct((512,), f32),
+              "w2": jax.ShapeDtypeStruct((512, 64), f32)}
+    batch = {"x": jax.ShapeDtypeStruct((256, 128), f32), "y": jax.ShapeDtypeStruct((256, 64), f32)}
+    g = trace(train_step(loss_fn, "adam", 1e-3), params, init_opt_state("adam", params), batch,
+              dims=({"w1": "features hidden", "b1": "hidden", "w2": "hidden out"}, None,
+                    {"x": "batch features", "y": "batch out"}), roles=("param", "opt_state", "input"))
+    cpu = get_hardware("cpu")
+    hw = cpu.replace(async_collectives=True, peak_flops={"float32": 49548115707.281555, "bfloat16": 49548115707.281555},
+                     efficiency=0.87, hbm_bandwidth=68126203118.92776)
+    hw = hw.with_axis_link("rows", Link(3969446001.309345, 1.1536644112872505e-05, "switch"))
+    hw = hw.with_axis_link("cols", Link(2399896858.791137, 6.9370068485418174e-06, "switch"))
+    r = search(g, "rows:2,cols:4", hardware=hw, memory_limit=INF, remat="none", regions=False)
+    assert_exact(r)
+    best = min(predict(g, "rows:2,cols:4", Layout(lay.rules, [(p, ax, st) for p, ax, st in sto]), hardware=hw).time_s
+               for lay in enumerate_layouts(g, Mesh.parse("rows:2,cols:4"))
+               for sto in _storage_choices(g, lay))
+    assert r.cost.time_s == pytest.approx(best, rel=1e-9)
+
+
+def _storage_choices(g, lay):
+    """Every combination of (no storage | stage s over the axes the batch uses) per parameter."""
+    import itertools
+
+    batch_axes = dict(lay.rules).get("batch", ())
+    options = [None] + [(batch_axes, s) for s in (1, 2, 3)] if batch_axes else [None]
+    params = [t.name for t in g.params()]
+    for combo in itertools.product(options, repeat=len(params)):
+        entries = [(p, o[0], o[1]) for p, o in zip(params, combo) if o is not None]
+        try:
+            Layout(lay.rules, entries)
+        except LayoutError:  # e.g. a storage shard the layout cannot hold
+            continue
+        yield entries

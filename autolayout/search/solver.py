@@ -253,6 +253,14 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
         code = solver.Solve(lm.model)
         solve_s += solver.WallTime()
         status = _status(code, lm.model)
+        if status == "OPTIMAL" and abs(lm.units(lm.decode(solver.BooleanValue)) - solver.ObjectiveValue()) > lm.terms:
+            # CP-SAT's objective disagrees with the model's own value of the layout it returned:
+            # solve again without its presolve (see model.RESOLUTION)
+            solver = _solver(left, workers, seed)
+            solver.parameters.cp_model_presolve = False
+            code = solver.Solve(lm.model)
+            solve_s += solver.WallTime()
+            status = _status(code, lm.model)
         if status == "INFEASIBLE":
             mem, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, mem, point), reason="memory")
