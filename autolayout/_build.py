@@ -143,7 +143,8 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
             carries=tuple((tname[c.id], tname[n.id]) for c, n in info["carries"]),
             slices=tuple(tname[s.id] for s in info["slices"]),
             stacks=tuple(tname[s.id] for s in info["stacks"]),
-            results=tuple((tname[r.id], tname[c.id]) for r, c in info["results"])))
+            results=tuple((tname[r.id], tname[c.id]) for r, c in info["results"]),
+            recomputes=info["recomputes"]))
 
     specs = []
     for v, var in zip(outs, outvars):

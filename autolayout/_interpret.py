@@ -23,6 +23,7 @@ CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_cal
          "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
          "custom_vjp_call_jaxpr": "fun_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
          "remat": "jaxpr"}
+REMAT_CALLS = frozenset(["remat2", "checkpoint", "remat"])  # jax.checkpoint's primitive names
 
 
 class _Tracer(_AlongRules):
@@ -80,6 +81,8 @@ class _Tracer(_AlongRules):
         params = dict(eqn.params)
         if prim in CALLS:
             sub = params[CALLS[prim]]
+            if prim in REMAT_CALLS and ctx[0] is not None:
+                next(i for i in self.loops if i["name"] == ctx[0])["recomputes"] = True
             self.sites.append(self.source(eqn))
             try:
                 if hasattr(sub, "jaxpr"):
@@ -337,7 +340,7 @@ class _Tracer(_AlongRules):
         if loop_slot is not None:
             self.loop_slots[loop_slot] = name
         info = dict(name=name, length=length, reverse=bool(p["reverse"]), slot=loop_slot,
-                    carries=[], slices=[], stacks=[], results=[])
+                    carries=[], slices=[], stacks=[], results=[], recomputes=False)
         self.loops.append(info)
         carries = []
         for v in init:

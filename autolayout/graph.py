@@ -187,6 +187,9 @@ class Loop:
     slices: tuple[str, ...]  # slice ops in body (input: the stacked tensor outside)
     stacks: tuple[str, ...]  # stack ops outside (input: the per-iteration tensor)
     results: tuple[tuple[str, str], ...]  # (result op outside, carry op it finalises)
+    # the body runs a jax.checkpoint (remat) call: the step was traced with remat, so this
+    # scan already recomputes its forward ops (autolayout.remat offers no policy for it)
+    recomputes: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,14 @@ POLICIES = ("none", "full", "dots")
 
 def remat_pairs(graph: Graph) -> list[tuple[Loop, Loop, list[str]]]:
     """``(forward loop, backward loop, residual stacks)`` for each forward scan whose saved
-    residuals a backward scan slices (the loops a remat policy applies to)."""
+    residuals a backward scan slices (the loops a remat policy applies to). A backward scan
+    traced from ``jax.checkpoint`` already recomputes (:attr:`Loop.recomputes`): none."""
     out = []
     for fwd in graph.loops.values():
         if fwd.dim is None:
             continue
         for bwd in graph.loops.values():
-            if bwd is fwd or bwd.dim != fwd.dim:
+            if bwd is fwd or bwd.dim != fwd.dim or bwd.recomputes:
                 continue
             slices_of = {graph.op(s).inputs[0] for s in bwd.slices}
             residual = [s for s in fwd.stacks if s in slices_of and all(

@@ -74,6 +74,7 @@ class OpCost:
     collectives: tuple[Collective, ...]
     comm_s: float
     overlapped_s: float = 0.0
+    temp_bytes: int = 0  # the plan's transient buffers while the op runs (inputs it gathered)
 
     @property
     def time_s(self) -> float:
@@ -135,7 +136,7 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
     sizes = _sizes(graph_op)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
-                  sum(c.time_s for c in colls if c.overlapped))
+                  sum(c.time_s for c in colls if c.overlapped), p.temp_bytes)
 
 
 def _sizes(op: Op) -> dict[str, int]:

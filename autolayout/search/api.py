@@ -12,7 +12,7 @@ from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph, require_graph
-from autolayout.search.errors import SearchError, SearchWarning
+from autolayout.search.errors import Dominated, SearchError, SearchWarning
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
@@ -140,18 +140,25 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
                           f"not num_devices={num_devices}; give one of them")
     mesh = Mesh.parse(mesh)
     if remat is None:
-        policies = ["none", "full", "dots"] if remat_pairs(graph) else ["none"]
+        # "full" first: it fits whenever anything does, and its time bounds the other
+        # policies' models (Dominated: proven no faster), which then solve quickly
+        policies = ["full", "dots", "none"] if remat_pairs(graph) else ["none"]
     else:
         policies = [remat or "none"]
-    results, errors = [], []
+    results, errors, slower = [], [], []
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
+        upper = min((r.cost.time_s for r in results), default=None)
         try:
             results.append(_search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
-                                       max(left / (len(policies) - i), 0.05), num_workers, random_seed, start))
+                                       max(left / (len(policies) - i), 0.05), num_workers, random_seed, start,
+                                       upper))
+        except Dominated:
+            slower.append(f"remat={policy}: no layout that fits is faster than {upper:.6g} s (proven)")
         except SearchError as e:
             errors.append((f"remat={policy}", e))
-    return _best_of(results, errors, limit, start)
+    r = _best_of(results, errors, limit, start)
+    return dataclasses.replace(r, notes=r.notes + tuple(slower)) if slower else r
 
 
 def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]], limit: float,
@@ -167,7 +174,8 @@ def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]],
             raise errors[0][1]
         reason = "time" if any(e.reason == "time" for _, e in errors) else "memory"
         raise SearchError(" | ".join(f"{what}: {e}" for what, e in errors), reason=reason)
-    best = min(results, key=lambda r: r.cost.time_s)  # min keeps the first of equal times
+    # equal times: the first result, but a layout without remat before one with it
+    best = min(results, key=lambda r: (r.cost.time_s, bool(r.layout.remat)))
     for r in results:
         if r.cost.memory_bytes > limit:
             raise RuntimeError(f"internal: search returned layout {str(r.layout)!r} with {r.cost.memory_bytes} B "
@@ -184,8 +192,9 @@ def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]],
 
 
 def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
-                time_limit_s: float, num_workers: int, random_seed: int, start: float) -> SearchResult:
-    """The exact search for one remat policy."""
+                time_limit_s: float, num_workers: int, random_seed: int, start: float,
+                upper_s: float | None = None) -> SearchResult:
+    """The exact search for one remat policy (``upper_s``: see ``solver.solve``)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
     # `import autolayout` cheap; it is a lower module of this package, not a cycle
     from autolayout.search.solver import layout_of, solve
@@ -193,7 +202,8 @@ def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, re
     g = rematerialize(graph, policy)
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
-    sol = solve(tables, wus, limit, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed)
+    sol = solve(tables, wus, limit, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
+                upper_s=upper_s)
     lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
     cost = predict(graph, mesh, lay, hardware=hw)
     if math.isfinite(limit) and cost.memory_bytes != sol.peak_bytes:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from autolayout.core import LayoutError
 
-__all__ = ["SearchError", "SearchWarning"]
+__all__ = ["Dominated", "SearchError", "SearchWarning"]
 
 
 class SearchError(LayoutError):
@@ -28,3 +28,9 @@ class SearchError(LayoutError):
 
 class SearchWarning(UserWarning):
     """A search result that is not proven optimal (status ``FEASIBLE``) returned without its status."""
+
+
+class Dominated(Exception):
+    """Internal to the search: ``solver.solve(..., upper_s=t)`` proved that no layout that fits
+    the memory limit takes at most ``t`` seconds per step (another search of the same request,
+    e.g. under another remat policy, already has one that fast)."""

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from autolayout.costmodel.memory import body_lifetimes, lifetimes
 from autolayout.graph import Graph, Loop
 
-__all__ = ["live_points", "peak_of", "transient", "is_transient"]
+__all__ = ["live_points", "peak_of", "transient", "is_transient", "transient_op"]
 
 _TRANSIENT = "\x00transient:"
 
@@ -36,6 +36,11 @@ def transient(op: str) -> str:
 
 def is_transient(name: str) -> bool:
     return name.startswith(_TRANSIENT)
+
+
+def transient_op(name: str) -> str:
+    """The op whose transient bytes :func:`transient` names."""
+    return name[len(_TRANSIENT):]
 
 
 def live_points(graph: Graph) -> list[tuple[str, ...]]:

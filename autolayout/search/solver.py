@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autolayout.core import Layout
-from autolayout.search.errors import SearchError
-from autolayout.search.liveness import live_points, peak_of
+from autolayout.search.errors import Dominated, SearchError
+from autolayout.search.liveness import live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
 
-__all__ = ["SearchError", "Solved", "greedy", "layout_of", "min_memory", "solve"]
+__all__ = ["Dominated", "SearchError", "Solved", "greedy", "layout_of", "min_memory", "solve"]
 
 
 def layout_of(tables: Tables, point: Decoded) -> Layout:
@@ -100,6 +100,10 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     for t in tables.graph.tensors():
         dims = tables.tensor_dims(t)
         sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
+    for op in tables.graph.ops():  # transient bytes under the rules alone
+        dims, vec = tables.op_temp_bytes(op)
+        if vec.any():
+            sizes[transient(op.name)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
@@ -218,16 +222,28 @@ def _status(code: int, model: cp_model.CpModel | None = None) -> str:
 
 
 def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limit_s: float = 60.0,
-          workers: int = 2, seed: int = 0) -> Solved:
+          workers: int = 2, seed: int = 0, upper_s: float | None = None) -> Solved:
     """Minimise predicted time subject to ``peak memory <= memory_limit`` (``inf``: no limit).
 
     The result always fits: when the time limit ends the search before CP-SAT's solution
     fits (or before it has one), the warm start is returned if it fits (status
     ``FEASIBLE``, with a note), and otherwise :class:`SearchError` says so and what was
     found.
+
+    ``upper_s``: only layouts taking at most this long matter (a fitting layout that fast is
+    known elsewhere, e.g. under another remat policy): the model is pruned with it and
+    bounded by it, and :class:`Dominated` is raised when none of them fits — without
+    minimising memory, which only an error message would need.
     """
     start = time.perf_counter()
     lm = LayoutModel(tables, wus)
+    if upper_s is not None and lm.obj_vars:
+        # every layout at most upper_s seconds has objective <= u (rounding: model.tolerance_s)
+        u = int(math.ceil((upper_s - lm.constant_s) / lm.unit)) + lm.terms + 1
+        if u < lm.lower_units():
+            raise Dominated()
+        lm.prune(u)
+        lm.model.Add(lm.objective <= u)
     points = live_points(tables.graph) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
@@ -262,6 +278,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             solve_s += solver.WallTime()
             status = _status(code, lm.model)
         if status == "INFEASIBLE":
+            if upper_s is not None:
+                raise Dominated()
             mem, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, mem, point), reason="memory")
         in_time = time.perf_counter() - start < time_limit_s
@@ -291,6 +309,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
                 lm.prune(lm.units(point))
                 pruned = True
             elif not lm.add_memory_row(points[at], limit):
+                if upper_s is not None:
+                    raise Dominated()
                 mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
                 raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
             hint = point
@@ -306,6 +326,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
                                solve_s, notes + [over])
         if not lm.add_memory_row(points[at], limit):
+            if upper_s is not None:
+                raise Dominated()
             mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
         hint = point

@@ -88,6 +88,7 @@ class Tables:
         self.op_cost_calls = 0
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
+        self._temp: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
             for name in c.ops:
@@ -162,6 +163,20 @@ class Tables:
         return self._cost(op, sig, self.orbit_key(mine, sub), mine, sub)
 
     # -- memory -------------------------------------------------------------------------
+    def op_temp_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the transient bytes ``op`` holds while it runs under the rules
+        alone (inputs its plan converts with communication, e.g. a Mesh-TF rename's
+        all-gather or a region's gather into a matmul), for each assignment of its group."""
+        hit = self._temp.get(op.name)
+        if hit is None:
+            sig = self._signature(op)
+            dims = sig[1]
+            g = self.group(dims)
+            vec = np.array([self._cost(op, sig, self.orbit_key(dims, a), dims, a).temp_bytes
+                            for a in g.assignments], dtype=np.int64)
+            hit = self._temp[op.name] = (dims, vec)
+        return hit
+
     def tensor_dims(self, t: Tensor) -> tuple[str, ...]:
         """The search dims of tensor ``t`` as stored (canonical order)."""
         hit = self._tdims.get(t.name)

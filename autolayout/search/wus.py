@@ -162,8 +162,9 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
                 if hit is None:  # the op's time with the shard minus under the rules alone
                     plan = sharded.op_plan(op)
                     new = split(price(plan, op, mesh, hw, tables.overlap))
-                    old = split(tables.op_cost(op, dims, g.assignments[index]))
-                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1], plan.temp_bytes)
+                    rules = tables.op_cost(op, dims, g.assignments[index])
+                    old = split(rules)
+                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1], plan.temp_bytes - rules.temp_bytes)
                 dtime += hit[0] * op.multiplicity
                 if hit[1]:
                     dom = domain_of(op)
