@@ -280,8 +280,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
         if status == "INFEASIBLE":
             if upper_s is not None:
                 raise Dominated()
-            mem, point = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, mem, point), reason="memory")
+            mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
         in_time = time.perf_counter() - start < time_limit_s
         if status == "UNKNOWN" and not pruned and in_time:
             probe *= 2  # no incumbent within the probe: give CP-SAT longer
@@ -311,8 +311,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             elif not lm.add_memory_row(points[at], limit):
                 if upper_s is not None:
                     raise Dominated()
-                mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-                raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
+                mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+                raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
             hint = point
             continue
         if mem <= limit or not points:
@@ -328,8 +328,8 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
         if not lm.add_memory_row(points[at], limit):
             if upper_s is not None:
                 raise Dominated()
-            mem, best = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, mem, best), reason="memory")
+            mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+            raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
         hint = point
     nvar, ncons = lm.size()
     return Solved(point, status, obj, min(bound, obj), solve_s, nvar, ncons, len(lm.memory_rows),
@@ -355,14 +355,17 @@ def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Deco
 
 
 def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.0, workers: int = 2,
-               seed: int = 0) -> tuple[int, Decoded]:
-    """The smallest peak memory of any layout (lazy rows, see module docstring) and a layout reaching it."""
+               seed: int = 0) -> tuple[int, Decoded, bool]:
+    """``(peak, layout, proven)``: the smallest peak memory of any layout (lazy rows, see module
+    docstring), a layout reaching it, and whether it is proven minimal (False when the time
+    limit came first: then it is the smallest found)."""
     start = time.perf_counter()
     lm = LayoutModel(tables, wus, time_objective=False)
     points = live_points(tables.graph)
     peak_var = lm.model.NewIntVar(0, 2 ** 61, "peak")
     lm.model.Minimize(peak_var)
     best: tuple[int, Decoded] | None = None
+    proven = False
     # start from the point that peaks for the fully replicated layout and a greedy layout
     seeds = [Decoded({}, {}, []), greedy(tables, wus)]
     rows = set()
@@ -381,7 +384,10 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
         peak, at = peak_of(points, sizes_of(tables, wus, point))
         if best is None or peak < best[0]:
             best = (peak, point)
-        if peak <= solver.ObjectiveValue() or code != cp_model.OPTIMAL or at in rows or left <= 0:
+        if peak <= solver.ObjectiveValue() and code == cp_model.OPTIMAL:
+            proven = peak == best[0]
+            break
+        if code != cp_model.OPTIMAL or at in rows or left <= 0:
             break
         rows.add(at)
         vars_, coefs, const = lm.memory_expr(points[at])
@@ -389,13 +395,18 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     if best is None:
         p = seeds[1]
         best = (peak_of(points, sizes_of(tables, wus, p))[0], p)
-    return best
+    return best[0], best[1], proven
 
 
-def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded) -> str:
+def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded,
+                    proven: bool = True) -> str:
     gib = 2 ** 30
-    lay = layout_of(tables, point)
-    return (f"memory_limit {limit / gib:.4g} GiB ({int(limit)} B) per device is below the smallest peak "
-            f"memory any layout of graph {tables.graph.name!r} reaches on mesh {tables.mesh}: "
-            f"{peak / gib:.4g} GiB ({peak} B), with layout {str(lay) or '(replicated)'!r}. Raise "
-            f"memory_limit to at least {peak} B, use more devices, or shrink the model or batch.")
+    lay = str(layout_of(tables, point)) or "(replicated)"
+    head = (f"memory_limit {limit / gib:.4g} GiB ({int(limit)} B) per device is below the smallest peak "
+            f"memory any layout of graph {tables.graph.name!r} reaches on mesh {tables.mesh}")
+    if proven:
+        return (f"{head}: {peak / gib:.4g} GiB ({peak} B), with layout {lay!r}. Raise memory_limit to at "
+                f"least {peak} B, use more devices, or shrink the model or batch.")
+    return (f"{head} (proven: no layout fits); the smallest found before the time limit is "
+            f"{peak / gib:.4g} GiB ({peak} B), with layout {lay!r} (not proven minimal). Raise memory_limit "
+            f"(to at most {peak} B), use more devices, or shrink the model or batch.")
