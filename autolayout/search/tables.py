@@ -138,6 +138,11 @@ class Tables:
         """Which of the op's output and inputs may have their collectives overlapped."""
         return tuple(t in self.overlap for t in (op.name, *op.inputs))
 
+    def cost_signature(self, op: Op) -> tuple:
+        """What an op's priced plan depends on besides its dims' axes: equal for ops that cost
+        the same under the same assignment (op signature, regions, overlap)."""
+        return self._signature(op)[0]
+
     def _signature(self, op: Op) -> tuple:
         hit = self._sig.get(op.name)
         if hit is None:

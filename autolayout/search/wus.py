@@ -121,8 +121,10 @@ def _delta_key(tables: Tables, sh: StorageShard, op, axes_of: dict) -> tuple:
     if op.fn == "carry":
         nxt = next((n for lp in graph.loops.values() for c, n in lp.carries if c == op.name), None)
         extra = member(nxt) if nxt else ()
-    return (op.name, tuple(axes_of.get(d, ()) for d in tables.views.op(op)), sh.axes, sh.dim, sh.stage,
-            member(op.name), tuple(member(i) for i in op.inputs), extra)
+    # the op's cost signature (kind, shapes, dtypes, fusion, regions, overlap) stands for the op:
+    # ops alike under alike shards plan alike, so parameters share these deltas (wq, wk, wv)
+    return (tables.cost_signature(op), op.loop is not None, tuple(axes_of.get(d, ()) for d in tables.views.op(op)),
+            sh.axes, sh.dim, sh.stage, member(op.name), tuple(member(i) for i in op.inputs), extra)
 
 
 def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
@@ -226,6 +228,7 @@ def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
     graph = tables.graph
     out: list[WusParam] = []
     notes: list[str] = []
+    deltas: dict = {}  # shared by all parameters (see _delta_key)
     for t in graph.params():
         if not gradient_walk(graph, t.name, {})[1]:
             continue  # no recorded gradient: nothing to shard
@@ -233,7 +236,6 @@ def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
         group = tables.group(dims)
         cache: dict = {}
         shards: dict = {}
-        deltas: dict = {}
         options, ops = [], set()
         for i, a in enumerate(group.assignments):
             key = tables.orbit_key(dims, a)
