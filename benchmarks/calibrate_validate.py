@@ -4,7 +4,7 @@ Runs :func:`autolayout.reporting.measured.validation_report` (the committed
 ``reports/validation`` page): a profile measured by ``autolayout.calibrate``; 14 random
 layouts of each of four models (mlp, transformer_lm, moe, llama at CPU-friendly sizes),
 split at random into a half that refits the profile (compute scale, latency,
-bandwidth: three numbers for all models) and a held-out half; the layout the search
+bandwidth, per-op overhead: four numbers for all models) and a held-out half; the layout the search
 picks per model with the refitted profile; every layout timed in random order with
 interleaved repeats. Prints, per model, Spearman rank correlation and median |error|
 on the held-out layouts and how much slower the searched layout ran than the fastest.
@@ -49,7 +49,7 @@ def main() -> None:
               f"{s['median_abs_error_micro'][m]:8.0%} {'' if gap is None else f'{gap:+.0%}':>20s}")
     print(f"targets {TARGETS}: met {s['targets_met']}")
     print(f"refit: compute x{s['compute_scale']:.3f}, latency {s['latency_s'] * 1e6:.1f} us/step, "
-          f"bandwidth {s['bandwidth'] / 1e9:.3f} GB/s; {s['layouts']} layouts, collectives match "
+          f"bandwidth {s['bandwidth'] / 1e9:.3f} GB/s, {s['op_overhead_s'] * 1e6:.1f} us per executed op; {s['layouts']} layouts, collectives match "
           f"{s['collectives_match']}; wrote {args.out} in {time.perf_counter() - t0:.0f} s")
     sys.stdout.flush()
 

@@ -111,12 +111,12 @@ def _cpu_like() -> Hardware:
 
 
 def test_fit_step_profile_recovers_a_known_profile():
-    """Step times made by a known profile (compute 1.4x slower, other links) are fitted back
-    to it: compute scale, latency and bandwidth are the constants chosen here."""
+    """Step times made by a known profile (compute 1.4x slower, other links, a per-op
+    overhead) are fitted back to it: the four numbers are the constants chosen here."""
     base = _cpu_like()
-    c, alpha, bw = 1.4, 80e-6, 3e8
+    c, alpha, bw, overhead = 1.4, 80e-6, 3e8, 15e-6
     truth = base.replace(peak_flops={k: v / c for k, v in base.peak_flops}, hbm_bandwidth=base.hbm_bandwidth / c,
-                         link=Link(bw, alpha, SWITCH))
+                         link=Link(bw, alpha, SWITCH), op_overhead_s=overhead)
     g = models.mlp(batch=64, d_io=32, d_hidden=128)
     t = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=1, vocab=32, batch=8, length=8)
     samples = [StepSample(gr, MESH, lay, predict(gr, MESH, lay, hardware=truth).time_s)
@@ -127,20 +127,36 @@ def test_fit_step_profile_recovers_a_known_profile():
     assert math.isclose(fit.compute_scale, c, rel_tol=1e-6)
     assert math.isclose(fit.link.latency, alpha, rel_tol=1e-6)
     assert math.isclose(fit.link.bandwidth, bw, rel_tol=1e-6)
+    assert math.isclose(fit.op_overhead_s, overhead, rel_tol=1e-6)
     assert fit.median_abs_rel_error < 1e-9 and fit.samples == len(samples)
     assert math.isclose(fit.hardware.peak("float32"), base.peak("float32") / c, rel_tol=1e-9)
     assert not fit.hardware.async_collectives
     assert any("refitted to 7 measured steps" in s for s in fit.hardware.sources)
 
 
+def test_op_overhead_is_priced_once_per_executed_op():
+    """``op_overhead_s`` adds to the step once per executed op: the MLP's ops counted by hand
+    from its graph (every op but inputs, parameters, optimizer state and constants)."""
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    executed = sum(op.multiplicity for op in g.ops() if op.kind not in ("input", "param", "opt_state", "constant"))
+    hw = _cpu_like()
+    for lay in ("", "batch:rows,cols", "hidden:cols"):
+        base = predict(g, MESH, lay, hardware=hw)
+        more = predict(g, MESH, lay, hardware=hw.replace(op_overhead_s=1e-3))
+        assert math.isclose(more.time_s - base.time_s, executed * 1e-3, rel_tol=1e-9)
+        assert math.isclose(more.comm_s, base.comm_s)
+    with pytest.raises(ValueError, match="op_overhead_s must be a finite number >= 0"):
+        hw.replace(op_overhead_s=-1e-6)
+
+
 def test_fit_step_profile_failures_raise():
     g = models.mlp(batch=64, d_io=32, d_hidden=128)
-    with pytest.raises(CalibrationError, match="at least 3 needed"):
+    with pytest.raises(CalibrationError, match="at least 4 needed"):
         fit_step_profile(_cpu_like(), [StepSample(g, MESH, "", 1e-3)])
-    bad = [StepSample(g, MESH, lay, 1e-3) for lay in ("", "batch:rows", "batch:cols")]
+    bad = [StepSample(g, MESH, lay, 1e-3) for lay in ("", "batch:rows", "batch:cols", "hidden:cols")]
     with pytest.raises(CalibrationError, match="async_collectives=True"):
         fit_step_profile(_cpu_like().replace(async_collectives=True), bad)
-    zero = bad[:2] + [StepSample(g, MESH, "batch:cols", 0.0)]
+    zero = bad[:3] + [StepSample(g, MESH, "io:rows", 0.0)]
     with pytest.raises(CalibrationError, match="not positive"):
         fit_step_profile(_cpu_like(), zero)
     # times that follow the number of collective steps alone (a latency-only machine, no
@@ -148,7 +164,7 @@ def test_fit_step_profile_failures_raise():
     latency_only = get_hardware("cpu").replace(peak_flops={"float32": 1e30}, hbm_bandwidth=1e30,
                                                link=Link(float("inf"), 50e-6, SWITCH), axis_links=())
     flat = [StepSample(g, MESH, lay, predict(g, MESH, lay, hardware=latency_only).time_s)
-            for lay in ("batch:rows", "batch:cols", "batch:rows,cols", "hidden:cols")]
+            for lay in ("batch:rows", "batch:cols", "batch:rows,cols", "hidden:cols", "io:rows")]
     with pytest.raises(CalibrationError, match="no (compute|bandwidth) term"):
         fit_step_profile(_cpu_like(), flat)
 

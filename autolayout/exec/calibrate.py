@@ -20,9 +20,10 @@ program), so shared resources are shared as in a real step — on this machine
   ``steps`` and ``bytes`` coefficients, and ``t = alpha * steps + bytes / B`` is
   fitted by non-negative least squares on relative errors.
 * **whole steps** (:func:`fit_step_profile`): what only real steps show (XLA's
-  fusion of element-wise ops; collectives between compute waiting for the slowest
-  of the device threads that share the cores) refitted to measured step times of
-  whole layouts, with the cost model's own pricing as the model.
+  fusion of element-wise ops, a dispatch cost per executed op, collectives between
+  compute waiting for the slowest of the device threads that share the cores)
+  refitted to measured step times of whole layouts, with the cost model's own
+  pricing as the model.
 
 Nothing falls back silently: a timing lost in noise, a fit without samples or
 with a non-positive bandwidth raises :class:`CalibrationError` saying what was
@@ -43,7 +44,7 @@ from autolayout.costmodel.collectives import KINDS, collective_time
 from autolayout.costmodel.hardware import SWITCH, Hardware, Link
 
 __all__ = ["calibrate", "fit_alpha_beta", "fit_step_profile", "step_terms", "nnls_relative", "collective_terms",
-           "CalibrationError", "StepSample", "StepFit"]
+           "CalibrationError", "StepSample", "StepFit", "STEP_TERMS"]
 
 # A loop of hi iterations must take this much longer than one of lo iterations for the
 # difference to count as a measurement rather than noise (8 virtual devices share the
@@ -178,79 +179,92 @@ class StepSample:
 class StepFit:
     """What :func:`fit_step_profile` fitted: the profile, ``compute_scale`` (measured
     compute / the micro-benchmarked profile's), one ``link`` for every mesh axis, the
-    number of ``samples`` and the median relative error of the fit on them."""
+    per-op ``op_overhead_s``, the number of ``samples`` and the median relative error of
+    the fit on them."""
 
     hardware: Hardware
     compute_scale: float
     link: Link
+    op_overhead_s: float
     samples: int
     median_abs_rel_error: float
 
 
+STEP_TERMS = ("compute", "steps", "bytes", "ops")
+
+
 def step_terms(hardware: Hardware, samples: Sequence[StepSample]) -> np.ndarray:
-    """``(samples, 3)`` design matrix of step times: each sample's compute time on
-    ``hardware``, its collective steps and its collective bytes, all read off the cost
-    model itself (:func:`~autolayout.costmodel.predict.predict` with every mesh axis on a
-    unit-latency link, then on a unit-inverse-bandwidth link), so that on a profile
-    without overlap (``async_collectives=False``) ``time = c * compute + alpha * steps +
-    bytes / B`` exactly."""
+    """``(samples, 4)`` design matrix of step times (columns :data:`STEP_TERMS`): each
+    sample's compute time on ``hardware`` without per-op overhead, its collective steps,
+    its collective bytes and its number of executed ops, all read off the cost model
+    itself (:func:`~autolayout.costmodel.predict.predict` with every mesh axis on a
+    unit-latency link, then on a unit-inverse-bandwidth link, and with
+    ``op_overhead_s`` 0 and 1 s), so that on a profile without overlap
+    (``async_collectives=False``) ``time = c * compute + alpha * steps + bytes / B +
+    op_overhead_s * ops`` exactly."""
     from autolayout.costmodel.predict import predict
 
     if hardware.async_collectives:
         raise CalibrationError(f"fitting step times on {hardware.name!r}: it overlaps collectives with compute "
                                "(async_collectives=True), so step time is not linear in the link figures; fit a "
                                "profile with async_collectives=False (CPU devices)")
-    lat = hardware.replace(link=Link(float("inf"), 1.0, SWITCH), axis_links=())
-    per_byte = hardware.replace(link=Link(1.0, 0.0, SWITCH), axis_links=())
+    lat = hardware.replace(link=Link(float("inf"), 1.0, SWITCH), axis_links=(), op_overhead_s=0.0)
+    per_byte = lat.replace(link=Link(1.0, 0.0, SWITCH))
+    per_op = lat.replace(op_overhead_s=1.0)
     rows = []
     for s in samples:
         c = predict(s.graph, s.mesh, s.layout, hardware=lat)
-        rows.append((c.compute_s, c.comm_s, predict(s.graph, s.mesh, s.layout, hardware=per_byte).comm_s))
-    return np.array(rows, float).reshape(len(rows), 3)
+        ops = predict(s.graph, s.mesh, s.layout, hardware=per_op).compute_s - c.compute_s
+        rows.append((c.compute_s, c.comm_s, predict(s.graph, s.mesh, s.layout, hardware=per_byte).comm_s, ops))
+    return np.array(rows, float).reshape(len(rows), len(STEP_TERMS))
 
 
 def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepFit:
     """Refit a micro-benchmarked profile to measured step times of whole layouts.
 
     A real step differs from the micro-benchmarks in ways only whole steps show: XLA
-    fuses element-wise ops (less memory traffic than op-by-op), and a collective between
-    compute waits for the slowest of the device threads sharing the cores (a tight loop
-    of collectives keeps them in step). ``time = c * compute + alpha * steps + bytes / B``
-    (:func:`step_terms`) is fitted by non-negative least squares on relative errors; the
-    profile returned has its compute rates divided by ``c`` (the roofline scales exactly)
-    and one link ``(B, alpha)`` on every mesh axis. Three numbers for all layouts and
-    models: nothing is fitted per layout.
+    fuses element-wise ops (less memory traffic than op-by-op), every executed op costs
+    a dispatch on the device's thread, and a collective between compute waits for the
+    slowest of the device threads sharing the cores (a tight loop of collectives keeps
+    them in step). ``time = c * compute + alpha * steps + bytes / B + op_overhead_s *
+    ops`` (:func:`step_terms`) is fitted by non-negative least squares on relative
+    errors; the profile returned has its compute rates divided by ``c`` (the roofline
+    scales exactly), one link ``(B, alpha)`` on every mesh axis and ``op_overhead_s``.
+    Four numbers for all layouts and models: nothing is fitted per layout.
 
     Raises:
-        CalibrationError: no samples, a non-positive time, fewer than 3 distinct
-            samples, or a fit with no compute or no bandwidth term (the times do not
-            grow with the work or with the bytes: measure more layouts or repeats).
+        CalibrationError: fewer than 4 samples, a non-positive time, or a fit with no
+            compute or no bandwidth term (the times do not grow with the work or with
+            the bytes: measure more layouts or repeats).
     """
-    if len(samples) < 3:
-        raise CalibrationError(f"fitting step times: {len(samples)} measured step(s) given, at least 3 needed "
-                               "for 3 parameters (compute scale, latency, bandwidth); measure more layouts")
+    if len(samples) < len(STEP_TERMS):
+        raise CalibrationError(f"fitting step times: {len(samples)} measured step(s) given, at least "
+                               f"{len(STEP_TERMS)} needed for {len(STEP_TERMS)} parameters ({', '.join(STEP_TERMS)}); "
+                               "measure more layouts")
     t = np.array([s.time_s for s in samples], float)
     if not (t > 0).all():
         i = int(np.argmin(t))
         raise CalibrationError(f"fitting step times: step time {t[i]} of layout {str(samples[i].layout)!r} is not "
                                "positive; measure it again")
     a = step_terms(hardware, samples)
-    c, alpha, inv_b = nnls_relative(a, t)
+    x = nnls_relative(a, t)
+    c, alpha, inv_b, overhead = (float(v) for v in x)
     if not c > 0 or not inv_b > 0:
         raise CalibrationError(
             f"fitting step times of {len(t)} layouts: the fit has no {'compute' if not c > 0 else 'bandwidth'} "
-            f"term (compute scale {c:.3g}, latency {alpha:.3g} s/step, inverse bandwidth {inv_b:.3g} s/B): the "
-            "times do not grow with the work; measure more layouts (with and without collectives) or more "
-            "repeats, on a quieter machine")
+            f"term (compute scale {c:.3g}, latency {alpha:.3g} s/step, inverse bandwidth {inv_b:.3g} s/B, "
+            f"per-op overhead {overhead:.3g} s): the times do not grow with the work; measure more layouts (with "
+            "and without collectives) or more repeats, on a quieter machine")
     link = Link(1.0 / inv_b, alpha, SWITCH, f"fitted to {len(t)} measured steps")
     peaks = {k: v / c for k, v in hardware.peak_flops}
     note = (f"refitted to {len(t)} measured steps: compute x{c:.3f} (peak and memory bandwidth / {c:.3f}), "
-            f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s")
+            f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s, "
+            f"{overhead * 1e6:.1f} us per executed op")
     fitted = hardware.replace(name=hardware.name + "+steps", peak_flops=peaks,
                               hbm_bandwidth=hardware.hbm_bandwidth / c, link=link, axis_links=(),
-                              sources=tuple(hardware.sources) + (note,))
-    err = float(np.median(np.abs(a @ np.array([c, alpha, inv_b]) - t) / t))
-    return StepFit(fitted, float(c), link, len(t), err)
+                              op_overhead_s=overhead, sources=tuple(hardware.sources) + (note,))
+    err = float(np.median(np.abs(a @ x - t) / t))
+    return StepFit(fitted, c, link, overhead, len(t), err)
 
 
 # --------------------------------------------------------------------------- memory

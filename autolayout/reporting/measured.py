@@ -201,8 +201,8 @@ def ranking_experiment(layouts_per_model: int = LAYOUTS_PER_MODEL, rounds: int =
     1. ``autolayout.calibrate`` micro-benchmarks a profile (one pooled link on every axis);
     2. ``layouts_per_model`` random layouts per model, split at random into a *fit* half and
        a *held-out* half; the fit half runs (interleaved, random order) and
-       :func:`~autolayout.exec.calibrate.fit_step_profile` refits the profile to it (three
-       numbers for all models: compute scale, latency, bandwidth);
+       :func:`~autolayout.exec.calibrate.fit_step_profile` refits the profile to it (four
+       numbers for all models: compute scale, latency, bandwidth, per-op overhead);
     3. the search picks a layout per model with the refitted profile;
     4. every layout (both halves and the searched ones) runs again, interleaved in random
        order; accuracy and rank correlation are computed on the held-out half plus the
@@ -343,9 +343,9 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
         f"ran as shard_map programs on {res['devices']} virtual CPU devices sharing the host's cores, in random order "
         f"with {res['rounds']} interleaved timed steps each (the median is the measurement). A profile measured by "
         f"autolayout.calibrate ({res['calib_s']:.0f} s) was refitted to the step times of a random half of the layouts "
-        f"(three numbers for all models: compute x{fit.compute_scale:.2f}, {fit.link.latency * 1e6:.0f} us per "
-        f"collective step, {fit.link.bandwidth / 1e9:.2f} GB/s); the other half and the layout the search picked with "
-        f"the refitted profile are held out. On them, per model, Spearman rho = "
+        f"(four numbers for all models: compute x{fit.compute_scale:.2f}, {fit.link.latency * 1e6:.0f} us per "
+        f"collective step, {fit.link.bandwidth / 1e9:.2f} GB/s, {fit.op_overhead_s * 1e6:.0f} us per executed op); "
+        f"the other half and the layout the search picked with the refitted profile are held out. On them, per model, Spearman rho = "
         + ", ".join(f"{r.model} {r.spearman:.2f}" for r in per.itertuples())
         + f" (target >= {TARGETS['spearman']}: {'met' if met['spearman'] else 'not met'}); median |error| "
         + ", ".join(f"{r.model} {r.median_abs_error:.0%}" for r in per.itertuples())
@@ -413,6 +413,7 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
                     "searched_gap": {r.model: float(r.searched_gap) for r in per.itertuples()},
                     "targets": TARGETS, "targets_met": met, "layouts": len(df),
                     "collectives_match": allrow.collectives_match, "compute_scale": fit.compute_scale,
-                    "latency_s": fit.link.latency, "bandwidth": fit.link.bandwidth, "total_s": res["total_s"]}
+                    "latency_s": fit.link.latency, "bandwidth": fit.link.bandwidth, "op_overhead_s": fit.op_overhead_s,
+                    "total_s": res["total_s"]}
     page.write(out)
     return page
