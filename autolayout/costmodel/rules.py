@@ -6,8 +6,9 @@ seed 003). This module prices an :class:`~autolayout.costmodel.plan.OpPlan`:
 
 * **compute**: a per-device roofline ``max(flops / (peak · efficiency), bytes /
   HBM bandwidth)`` (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4))
-  on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op; a mesh axis no dim of the op uses duplicates its work
-  along that axis (paper §8.4), which the per-device figure shows directly;
+  on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op;
+  a mesh axis no dim of the op uses duplicates its work along that axis (paper
+  §8.4), which the per-device figure shows directly;
 * **communication**: each collective step at :func:`~.collectives.collective_time`
   over the links of its mesh axes.
 
