@@ -394,8 +394,9 @@ def test_diff_is_readable():
 
 # --------------------------------------------------------------------- calibration
 def test_calibrate_quick(tmp_path):
-    hw = calibrate("rows:2,cols:4", quick=True, repeats=1)
+    hw = calibrate("rows:2,cols:4", quick=True, repeats=3)
     assert hw.peak("float32") > 0 and hw.hbm_bandwidth > 0
+    assert not hw.async_collectives  # XLA:CPU collectives do not overlap compute
     assert {a for a, _ in hw.axis_links} == {"rows", "cols"}
     for _, link in hw.axis_links:
         assert link.bandwidth > 0 and link.latency >= 0
@@ -403,18 +404,6 @@ def test_calibrate_quick(tmp_path):
     hw.save(path)
     assert Hardware.load(path) == hw
     assert predict(graph("mlp"), "rows:2,cols:4", "batch:rows", hardware=hw).time_s > 0
-
-
-def test_fit_alpha_beta_recovers_the_model():
-    from autolayout.exec.calibrate import _model_terms, fit_alpha_beta
-    alpha, bw = 20e-6, 2e9
-    samples = []
-    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
-        for v in (4096, 65536, 1 << 20):
-            steps, wire = _model_terms(kind, v, 4)
-            samples.append((kind, v, 4, alpha * steps + wire / bw))
-    a, b = fit_alpha_beta(samples)
-    assert math.isclose(a, alpha, rel_tol=1e-6) and math.isclose(b, bw, rel_tol=1e-6)
 
 
 # ------------------------------------------------------------- NaN-aware checks

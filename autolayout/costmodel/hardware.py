@@ -170,6 +170,16 @@ class Hardware:
             collective in line (XLA:CPU, or the synchronous schedule of Mesh-TF's Table 1).
         description: what one device is and how numbers were chosen.
         sources: citations for the numbers.
+        op_overhead_s: launch/dispatch seconds added to every executed op (every op of the
+            graph but its inputs, parameters, optimizer state and constants), priced with
+            the op's compute (:func:`~autolayout.costmodel.rules.price`). 0 for the
+            datasheet profiles: an accelerator's kernels are queued ahead of the one
+            running (XLA:GPU launches a step's kernels as CUDA graphs,
+            ``--xla_gpu_enable_command_buffer``, openxla/xla ``xla/debug_options_flags.cc``;
+            XLA:TPU runs the step as one program on the chip), so no per-op host cost adds
+            to the step. XLA:CPU's thunk executor dispatches every kernel from the device's
+            thread, which time-slices with the other virtual devices' on shared cores:
+            :func:`~autolayout.exec.calibrate.fit_step_profile` fits it to measured steps.
 
     >>> hw = get_hardware("tpu-v5p")
     >>> hw.peak("bfloat16")
@@ -188,6 +198,7 @@ class Hardware:
     async_collectives: bool = True
     description: str = ""
     sources: tuple[str, ...] = field(default=())
+    op_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -208,6 +219,9 @@ class Hardware:
                 raise ValueError(f"Hardware {self.name!r}: peak_flops[{k!r}] must be > 0, got {v}")
         if not self.hbm_bytes > 0 or not self.hbm_bandwidth > 0:
             raise ValueError(f"Hardware {self.name!r}: hbm_bytes and hbm_bandwidth must be > 0")
+        if not 0 <= self.op_overhead_s < float("inf"):
+            raise ValueError(f"Hardware {self.name!r}: op_overhead_s must be a finite number >= 0 seconds, "
+                             f"got {self.op_overhead_s!r}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"Hardware {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
         if not isinstance(self.link, Link):
@@ -275,6 +289,7 @@ class Hardware:
             "async_collectives": self.async_collectives,
             "description": self.description,
             "sources": list(self.sources),
+            "op_overhead_s": self.op_overhead_s,
         }
 
     @classmethod

@@ -6,8 +6,9 @@ seed 003). This module prices an :class:`~autolayout.costmodel.plan.OpPlan`:
 
 * **compute**: a per-device roofline ``max(flops / (peak · efficiency), bytes /
   HBM bandwidth)`` (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4))
-  on the op's local sizes; a mesh axis no dim of the op uses duplicates its work
-  along that axis (paper §8.4), which the per-device figure shows directly;
+  on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op;
+  a mesh axis no dim of the op uses duplicates its work along that axis (paper
+  §8.4), which the per-device figure shows directly;
 * **communication**: each collective step at :func:`~.collectives.collective_time`
   over the links of its mesh axes.
 
@@ -25,13 +26,15 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.placement import Step
-from autolayout.costmodel.plan import REDUCING, OpPlan, Planner, check_op
+from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
 from autolayout.costmodel.regions import Regions
 from autolayout.graph import Op
 
 __all__ = ["Collective", "OpCost", "op_cost", "price", "phases", "collective", "check_op", "REDUCING"]
 
 AxesOf = Mapping[str, tuple[str, ...]]
+# ops no kernel runs for: the step's arguments and literal constants
+NOT_EXECUTED = (*SOURCES, "constant")
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
                   for s in p.steps for ph in phases(s, mesh, hw, itemsize))
     peak = hw.peak(p.dtype) * hw.efficiency
     compute = max(p.flops / peak if peak else 0.0, p.hbm_bytes / hw.hbm_bandwidth)
+    if graph_op.kind not in NOT_EXECUTED:  # launch/dispatch cost of an executed op (Hardware.op_overhead_s)
+        compute += hw.op_overhead_s
     sizes = _sizes(graph_op)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),

@@ -12,28 +12,52 @@ program), so shared resources are shared as in a real step — on this machine
 * **alpha/beta per mesh axis**: all-reduce, all-gather, reduce-scatter and
   all-to-all over that axis at a few operand sizes; each time is the slope of a
   chain of ``k`` dependent collectives (``fori_loop`` with a traced trip count:
-  ``t(k_hi) - t(k_lo)``, so dispatch overhead cancels). ``alpha`` (latency per
-  step) and ``B`` (bandwidth) are fitted by relative least squares to the cost
-  model's own formulas (:mod:`autolayout.costmodel.collectives`):
-  ``t = alpha * steps + coef * V / B`` with ``steps`` = ``n-1`` (``2(n-1)`` for
-  all-reduce) and ``coef`` = ``(n-1)`` for all-gather (``V`` = shard),
-  ``(n-1)/n`` for reduce-scatter and all-to-all (switch topology), ``2(n-1)/n``
-  for all-reduce.
+  ``(t(k_hi) - t(k_lo)) / (k_hi - k_lo)``, so dispatch overhead cancels).
+  :func:`fit_alpha_beta` fits ``alpha`` (latency per step) and ``B`` (bandwidth)
+  with the cost model's own formula,
+  :func:`~autolayout.costmodel.collectives.collective_time`: priced once with a
+  unit latency and once with a unit inverse bandwidth it gives each sample's
+  ``steps`` and ``bytes`` coefficients, and ``t = alpha * steps + bytes / B`` is
+  fitted by non-negative least squares on relative errors.
+* **whole steps** (:func:`fit_step_profile`): what only real steps show (XLA's
+  fusion of element-wise ops, a dispatch cost per executed op, collectives between
+  compute waiting for the slowest of the device threads that share the cores)
+  refitted to measured step times of whole layouts, with the cost model's own
+  pricing as the model.
+
+Nothing falls back silently: a timing lost in noise, a fit without samples or
+with a non-positive bandwidth raises :class:`CalibrationError` saying what was
+measured, at which sizes, and what to change.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from autolayout.costmodel.collectives import KINDS, collective_time
 from autolayout.costmodel.hardware import SWITCH, Hardware, Link
 
-__all__ = ["calibrate", "fit_alpha_beta"]
+__all__ = ["calibrate", "fit_alpha_beta", "fit_step_profile", "step_terms", "nnls_relative", "collective_terms",
+           "CalibrationError", "StepSample", "StepFit", "STEP_TERMS"]
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+# A loop of hi iterations must take this much longer than one of lo iterations for the
+# difference to count as a measurement rather than noise (8 virtual devices share the
+# host's cores; other processes load them too): 10% of the longer run.
+NOISE_FRACTION = 0.1
+# How many times the iteration count of a timing is multiplied by 4 before giving up.
+MAX_GROWTH = 3
+
+
+class CalibrationError(ValueError):
+    """A calibration measurement could not be made or fitted reliably; the message names
+    what was measured, at which sizes, and what to change (more repeats, a quieter machine,
+    larger sizes)."""
 
 
 def _median_time(fn: Any, args: Sequence[Any], repeats: int) -> float:
@@ -48,70 +72,241 @@ def _median_time(fn: Any, args: Sequence[Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def _per_iter(t_lo: float, t_hi: float, lo: int, hi: int) -> float:
-    """Time of one loop iteration from runs of ``lo`` and ``hi`` iterations. The difference
-    cancels fixed launch costs; when it is lost in noise (8 devices share the host's cores,
-    and other work may load them) it is not trusted and the plain ``t_hi / hi`` (an upper
-    bound, so a conservative rate) is used instead of dividing by almost nothing."""
-    diff = (t_hi - t_lo) / (hi - lo)
-    return diff if t_hi - t_lo > 0.1 * t_hi else t_hi / hi
+def _per_iter(fn: Any, x: Any, lo: int, hi: int, repeats: int, what: str) -> tuple[float, int]:
+    """``(seconds per loop iteration, iterations used)`` of ``fn(x, k)`` (a loop of ``k``
+    dependent iterations): ``(t(hi) - t(lo)) / (hi - lo)``, which cancels fixed launch
+    costs. When the difference is lost in noise (under :data:`NOISE_FRACTION` of
+    ``t(hi)``), ``hi`` grows 4x up to :data:`MAX_GROWTH` times; then
+    :class:`CalibrationError` names ``what`` and the times."""
+    tried = []
+    for _ in range(MAX_GROWTH + 1):
+        t_lo, t_hi = _median_time(fn, (x, lo), repeats), _median_time(fn, (x, hi), repeats)
+        tried.append(f"{hi} iterations {t_hi * 1e6:.0f} us vs {lo}: {t_lo * 1e6:.0f} us")
+        if t_hi - t_lo > NOISE_FRACTION * t_hi:
+            return (t_hi - t_lo) / (hi - lo), hi
+        hi = lo + 4 * (hi - lo)
+    raise CalibrationError(
+        f"calibrating {what}: the time of the extra loop iterations is lost in timing noise "
+        f"({'; '.join(tried)}; a difference under {NOISE_FRACTION:.0%} of the longer run is noise). "
+        f"Calibrate with more repeats (repeats=, now {repeats}) or quick=False, on a quieter machine.")
 
 
-def _model_terms(kind: str, nbytes: float, n: int) -> tuple[float, float]:
-    """``(steps, coef * V)`` of the cost model's formula for one collective."""
-    if kind == "all-gather":
-        return n - 1, (n - 1) * nbytes
-    if kind == "all-reduce":
-        return 2 * (n - 1), 2 * (n - 1) / n * nbytes
-    return n - 1, (n - 1) / n * nbytes  # reduce-scatter, all-to-all on a switch
+# ------------------------------------------------------------------------------- fits
+def nnls_relative(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Non-negative ``x`` minimising ``sum(((a @ x) / t - 1) ** 2)`` (least squares on
+    relative errors), exactly: the optimum of a non-negative least-squares problem is the
+    unconstrained fit on its support (Lawson & Hanson, "Solving Least Squares Problems",
+    1974, ch. 23), so trying every support of the few columns and keeping the best
+    feasible one finds it. ``a`` is ``(samples, k)`` with ``k <= 8``.
+
+    >>> nnls_relative(np.array([[1.0, 1.0], [1.0, 2.0]]), np.array([3.0, 5.0]))
+    array([1., 2.])
+    """
+    a, t = np.asarray(a, float), np.asarray(t, float)
+    if a.ndim != 2 or a.shape[0] != t.shape[0] or a.shape[1] > 8:
+        raise ValueError(f"nnls_relative needs a (samples, k <= 8) matrix and one time per sample, "
+                         f"got {a.shape} and {t.shape}")
+    if not (t > 0).all():
+        raise ValueError(f"nnls_relative needs positive times, got {t[t <= 0][:3]}")
+    m = a / t[:, None]
+    y = np.ones(len(t))
+    best, best_res = np.zeros(a.shape[1]), float(len(t))  # x = 0: every relative error is -1
+    for r in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), r):
+            sub = m[:, cols]
+            if np.linalg.matrix_rank(sub) < r:
+                continue
+            sol, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (sol < 0).any():
+                continue
+            res = float(np.sum((sub @ sol - y) ** 2))
+            if res < best_res - 1e-12:
+                best, best_res = np.zeros(a.shape[1]), res
+                best[list(cols)] = sol
+    return best
 
 
-def fit_alpha_beta(samples: Sequence[tuple[str, float, int, float]]) -> tuple[float, float]:
-    """``(alpha seconds/step, bandwidth bytes/s)`` fitted to ``(kind, operand bytes, n, seconds)``
-    samples by least squares on relative errors, both constrained positive."""
-    rows = [(*_model_terms(k, v, n), t) for k, v, n, t in samples if t > 0 and n > 1]
+def collective_terms(kind: str, operand_bytes: float, n: int, topology: str = SWITCH) -> tuple[float, float]:
+    """``(steps, bytes)`` of one collective: its time is ``alpha * steps + bytes / B``.
+    Read off :func:`~autolayout.costmodel.collectives.collective_time` itself, priced
+    with a unit latency (and no bytes) and with a unit inverse bandwidth (and no
+    latency), so the fit uses exactly the cost model's formula."""
+    steps = collective_time(kind, 0.0, [(n, Link(1.0, 1.0, topology))])
+    per_byte = collective_time(kind, operand_bytes, [(n, Link(1.0, 0.0, topology))])
+    return steps, per_byte
+
+
+def fit_alpha_beta(samples: Sequence[tuple[str, float, int, float]], *, topology: str = SWITCH,
+                   what: str = "collectives") -> tuple[float, float]:
+    """``(alpha seconds/step, bandwidth bytes/s)`` fitted to ``(kind, operand bytes, n,
+    seconds)`` samples by non-negative least squares on relative errors, with the cost
+    model's :func:`~autolayout.costmodel.collectives.collective_time` as the model
+    (:func:`collective_terms`).
+
+    Raises:
+        CalibrationError: no sample has ``n > 1`` and a positive time, or the fitted
+            bandwidth term is zero (times that do not grow with the operand size: no
+            bandwidth can be read from them). ``what`` names the measurement.
+    """
+    rows = [(*collective_terms(k, v, n, topology), t) for k, v, n, t in samples if t > 0 and n > 1]
     if not rows:
-        return 0.0, 1e15
-    a = np.array([[s / t, w / t] for s, w, t in rows])
-    y = np.ones(len(rows))
-    sol, *_ = np.linalg.lstsq(a, y, rcond=None)
-    alpha, inv_b = float(sol[0]), float(sol[1])
-    if inv_b <= 0:  # latency only
-        alpha, inv_b = float(np.dot(a[:, 0], y) / np.dot(a[:, 0], a[:, 0])), 0.0
-    elif alpha < 0:  # bandwidth only
-        alpha, inv_b = 0.0, float(np.dot(a[:, 1], y) / np.dot(a[:, 1], a[:, 1]))
-    return max(alpha, 0.0), (1.0 / inv_b if inv_b > 0 else 1e15)
+        raise CalibrationError(f"fitting alpha/beta of {what}: no usable sample (need group size > 1 and a "
+                               f"positive time; got {len(samples)} sample(s): {list(samples)[:4]})")
+    a = np.array([[s, w] for s, w, _ in rows])
+    t = np.array([r[2] for r in rows])
+    alpha, inv_b = nnls_relative(a, t)
+    if not inv_b > 0:
+        sizes = sorted({int(v) for _, v, _, _ in samples})
+        raise CalibrationError(
+            f"fitting alpha/beta of {what}: the collective times do not grow with the operand size "
+            f"(sizes {sizes} B; times {', '.join(f'{k} {int(v)}B {s * 1e6:.0f}us' for k, v, _, s in samples)}), "
+            "so no bandwidth can be read from them. Calibrate with quick=False (larger sizes) and more repeats, "
+            "on a quieter machine.")
+    return float(alpha), float(1.0 / inv_b)
 
 
-def _host_memory_per_device(jmesh: Any) -> float:
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step of a layout: ``graph``, ``mesh``, ``layout`` and its ``time_s``."""
+
+    graph: Any
+    mesh: Any
+    layout: Any
+    time_s: float
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """What :func:`fit_step_profile` fitted: the profile, ``compute_scale`` (measured
+    compute / the micro-benchmarked profile's), one ``link`` for every mesh axis, the
+    per-op ``op_overhead_s``, the number of ``samples`` and the median relative error of
+    the fit on them."""
+
+    hardware: Hardware
+    compute_scale: float
+    link: Link
+    op_overhead_s: float
+    samples: int
+    median_abs_rel_error: float
+
+
+STEP_TERMS = ("compute", "steps", "bytes", "ops")
+
+
+def step_terms(hardware: Hardware, samples: Sequence[StepSample]) -> np.ndarray:
+    """``(samples, 4)`` design matrix of step times (columns :data:`STEP_TERMS`): each
+    sample's compute time on ``hardware`` without per-op overhead, its collective steps,
+    its collective bytes and its number of executed ops, all read off the cost model
+    itself (:func:`~autolayout.costmodel.predict.predict` with every mesh axis on a
+    unit-latency link, then on a unit-inverse-bandwidth link, and with
+    ``op_overhead_s`` 0 and 1 s), so that on a profile without overlap
+    (``async_collectives=False``) ``time = c * compute + alpha * steps + bytes / B +
+    op_overhead_s * ops`` exactly."""
+    from autolayout.costmodel.predict import predict
+
+    if hardware.async_collectives:
+        raise CalibrationError(f"fitting step times on {hardware.name!r}: it overlaps collectives with compute "
+                               "(async_collectives=True), so step time is not linear in the link figures; fit a "
+                               "profile with async_collectives=False (CPU devices)")
+    lat = hardware.replace(link=Link(float("inf"), 1.0, SWITCH), axis_links=(), op_overhead_s=0.0)
+    per_byte = lat.replace(link=Link(1.0, 0.0, SWITCH))
+    per_op = lat.replace(op_overhead_s=1.0)
+    rows = []
+    for s in samples:
+        c = predict(s.graph, s.mesh, s.layout, hardware=lat)
+        ops = predict(s.graph, s.mesh, s.layout, hardware=per_op).compute_s - c.compute_s
+        rows.append((c.compute_s, c.comm_s, predict(s.graph, s.mesh, s.layout, hardware=per_byte).comm_s, ops))
+    return np.array(rows, float).reshape(len(rows), len(STEP_TERMS))
+
+
+def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepFit:
+    """Refit a micro-benchmarked profile to measured step times of whole layouts.
+
+    A real step differs from the micro-benchmarks in ways only whole steps show: XLA
+    fuses element-wise ops (less memory traffic than op-by-op), every executed op costs
+    a dispatch on the device's thread, and a collective between compute waits for the
+    slowest of the device threads sharing the cores (a tight loop of collectives keeps
+    them in step). ``time = c * compute + alpha * steps + bytes / B + op_overhead_s *
+    ops`` (:func:`step_terms`) is fitted by non-negative least squares on relative
+    errors; the profile returned has its compute rates divided by ``c`` (the roofline
+    scales exactly), one link ``(B, alpha)`` on every mesh axis and ``op_overhead_s``.
+    Four numbers for all layouts and models: nothing is fitted per layout.
+
+    Raises:
+        CalibrationError: fewer than 4 samples, a non-positive time, or a fit with no
+            compute or no bandwidth term (the times do not grow with the work or with
+            the bytes: measure more layouts or repeats).
+    """
+    if len(samples) < len(STEP_TERMS):
+        raise CalibrationError(f"fitting step times: {len(samples)} measured step(s) given, at least "
+                               f"{len(STEP_TERMS)} needed for {len(STEP_TERMS)} parameters ({', '.join(STEP_TERMS)}); "
+                               "measure more layouts")
+    t = np.array([s.time_s for s in samples], float)
+    if not (t > 0).all():
+        i = int(np.argmin(t))
+        raise CalibrationError(f"fitting step times: step time {t[i]} of layout {str(samples[i].layout)!r} is not "
+                               "positive; measure it again")
+    a = step_terms(hardware, samples)
+    x = nnls_relative(a, t)
+    c, alpha, inv_b, overhead = (float(v) for v in x)
+    if not c > 0 or not inv_b > 0:
+        raise CalibrationError(
+            f"fitting step times of {len(t)} layouts: the fit has no {'compute' if not c > 0 else 'bandwidth'} "
+            f"term (compute scale {c:.3g}, latency {alpha:.3g} s/step, inverse bandwidth {inv_b:.3g} s/B, "
+            f"per-op overhead {overhead:.3g} s): the times do not grow with the work; measure more layouts (with "
+            "and without collectives) or more repeats, on a quieter machine")
+    link = Link(1.0 / inv_b, alpha, SWITCH, f"fitted to {len(t)} measured steps")
+    peaks = {k: v / c for k, v in hardware.peak_flops}
+    note = (f"refitted to {len(t)} measured steps: compute x{c:.3f} (peak and memory bandwidth / {c:.3f}), "
+            f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s, "
+            f"{overhead * 1e6:.1f} us per executed op")
+    fitted = hardware.replace(name=hardware.name + "+steps", peak_flops=peaks,
+                              hbm_bandwidth=hardware.hbm_bandwidth / c, link=link, axis_links=(),
+                              op_overhead_s=overhead, sources=tuple(hardware.sources) + (note,))
+    err = float(np.median(np.abs(a @ x - t) / t))
+    return StepFit(fitted, c, link, overhead, len(t), err)
+
+
+# --------------------------------------------------------------------------- memory
+def _host_memory_per_device(jmesh: Any) -> tuple[float, str]:
+    """``(bytes, where from)``: the device's own limit where it reports one, else (CPU
+    devices report no memory stats) the host's physical memory shared by the devices."""
     dev = jmesh.devices.flat[0]
-    try:
-        stats = dev.memory_stats() or {}
-        if stats.get("bytes_limit"):
-            return float(stats["bytes_limit"])
-    except Exception:  # CPU devices have no memory stats
-        pass
+    stats = dev.memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return float(stats["bytes_limit"]), f"{dev.platform} memory_stats bytes_limit"
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 16 * 2**30
-    return float(total) / jmesh.devices.size
+    except (ValueError, OSError, AttributeError) as exc:
+        raise CalibrationError(
+            f"calibrating memory capacity: {dev.platform} devices report no memory limit and the host's "
+            f"physical memory cannot be read ({type(exc).__name__}: {exc}); pass memory_bytes= (per device)"
+        ) from exc
+    n = jmesh.devices.size
+    return float(total) / n, f"host physical memory {total / 2**30:.1f} GiB shared by {n} devices"
 
 
+# ------------------------------------------------------------------------- calibrate
 def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None = None,
               repeats: int | None = None, save_to: Any = None, name: str | None = None,
-              verbose: bool = False) -> Hardware:
+              memory_bytes: float | None = None, verbose: bool = False) -> Hardware:
     """Measure a Hardware profile on the devices of ``mesh`` (all running at once).
 
     ``mesh``: anything :class:`~autolayout.core.Mesh` accepts, or a ``jax.sharding.Mesh``.
     ``quick=True`` uses fewer sizes and repeats (seconds instead of a minute on CPU).
     ``save_to``: a path to write the profile as JSON (``Hardware.load`` reads it).
-    The measured samples are kept in the profile's ``description``/``sources``.
+    ``memory_bytes``: the memory of one device, where the devices report none and the
+    host's cannot be read. The measured samples are kept in the profile's ``sources``.
+    :func:`fit_step_profile` refits the result to measured steps of whole layouts.
+
+    Raises:
+        CalibrationError: a timing lost in noise, or collective times from which no
+            bandwidth can be fitted; the message says what to change.
 
     Example::
 
         hw = calibrate("rows:2,cols:4", quick=True)
-        predict(graph, "rows:2,cols:4", layout, hw).time_s
+        predict(graph, "rows:2,cols:4", layout, hardware=hw).time_s
     """
     import jax
     import jax.numpy as jnp
@@ -126,10 +321,10 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     ndev = amesh.size
     notes = []
 
-    def run_local(body: Any, local_shape: tuple, dtype: Any = jnp.float32, k_static: bool = False) -> Any:
+    def run_local(body: Any, local_shape: tuple, dtype: Any = jnp.float32) -> Any:
         """jit(shard_map(body)) over a (ndev * local_shape[0], ...) array split on all axes."""
         spec = P(all_axes)
-        f = jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=(spec, P()), out_specs=spec, check_vma=False))
+        f = jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=(spec, P()), out_specs=spec))
         x = jax.device_put(jnp.ones((ndev * local_shape[0], *local_shape[1:]), dtype) * 0.5,
                            NamedSharding(jmesh, spec))
         return f, x
@@ -138,18 +333,17 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     sizes = (64, 256) if quick else (64, 128, 256, 512)
     rates = []
     for n in sizes:
-        def mm(x: Any, k: Any) -> Any:
+        def mm(x: Any, k: Any, n: int = n) -> Any:
             w = jnp.eye(n, dtype=x.dtype) * 0.999 + 1e-4
             return lax.fori_loop(0, k, lambda i, y: y @ w, x)
 
         f, x = run_local(mm, (n, n))
-        lo, hi = 1, 4 if quick else 8
-        t = _per_iter(_median_time(f, (x, lo), repeats), _median_time(f, (x, hi), repeats), lo, hi)
-        rate = 2 * n ** 3 / max(t, 1e-9)
+        t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats, f"a {n}x{n} float32 matmul")
+        rate = 2 * n ** 3 / t
         notes.append(f"matmul {n}: {rate / 1e9:.2f} GFLOP/s per device")
         rates.append(rate)
     best = max(rates)
-    efficiency = min(max(statistics.median(rates) / best, 1e-3), 1.0)
+    efficiency = min(statistics.median(rates) / best, 1.0)
 
     # -- memory bandwidth
     mb = (8 if quick else 32) * 2**20 // 4
@@ -159,8 +353,8 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         return lax.fori_loop(0, k, lambda i, y: y * 0.999 + 0.001, x)
 
     f, x = run_local(stream, (rows, 1024))
-    t = _per_iter(_median_time(f, (x, 1), repeats), _median_time(f, (x, 5), repeats), 1, 5)
-    hbm_bw = 2 * rows * 1024 * 4 / max(t, 1e-9)
+    t, _ = _per_iter(f, x, 1, 5, repeats, f"a {rows * 1024 * 4 / 2**20:.0f} MiB stream (y = a x + b)")
+    hbm_bw = 2 * rows * 1024 * 4 / t
     notes.append(f"stream {rows * 1024 * 4 / 2**20:.0f} MiB: {hbm_bw / 1e9:.2f} GB/s per device")
 
     # -- alpha/beta per mesh axis
@@ -175,10 +369,11 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
             for v in nbytes:
                 elems = max(v // 4 // size, 1) * size
 
-                def coll(x: Any, k: Any, kind: str = kind) -> Any:
+                def coll(x: Any, k: Any, kind: str = kind, elems: int = elems, axis: str = axis,
+                         size: int = size) -> Any:
                     def one(i: Any, y: Any) -> Any:
-                        if kind == "all-reduce":
-                            return lax.psum(y, axis) * (1.0 / size)
+                        if kind == "all-reduce":  # psum's result is invariant over axis: make it vary again
+                            return lax.pcast(lax.psum(y, axis) * (1.0 / size), axis, to="varying")
                         if kind == "all-gather":
                             return lax.all_gather(y[: elems // size], axis, tiled=True)
                         if kind == "reduce-scatter":
@@ -187,27 +382,41 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
                     return lax.fori_loop(0, k, one, x.reshape(-1))[None]
 
                 f, x = run_local(coll, (1, elems))
-                lo, hi = 1, 4 if quick else 8
-                t = _per_iter(_median_time(f, (x, lo), repeats), _median_time(f, (x, hi), repeats), lo, hi)
                 operand = elems * 4 // (size if kind == "all-gather" else 1)
-                samples.append((kind, float(operand), size, max(t, 1e-9)))
-        alpha, bw = fit_alpha_beta(samples)
+                t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats,
+                                 f"a {operand} B {kind} over mesh axis {axis}:{size}")
+                samples.append((kind, float(operand), size, t))
+        alpha, bw = fit_alpha_beta(samples, what=f"mesh axis {axis}:{size}")
         pooled.extend(samples)
         links[axis] = Link(bw, alpha, SWITCH, f"calibrated on mesh axis {axis}:{size} ({len(samples)} samples)")
         notes.append(f"axis {axis}:{size}: alpha {alpha * 1e6:.1f} us/step, B {bw / 1e9:.2f} GB/s; "
                      + ", ".join(f"{k} {int(v)}B {t * 1e6:.0f}us" for k, v, _, t in samples))
         if verbose:
             print(notes[-1])
-    alpha, bw = fit_alpha_beta(pooled) if pooled else (0.0, 1e15)
+    if pooled:
+        alpha, bw = fit_alpha_beta(pooled, what="all mesh axes pooled")
+        link = Link(bw, alpha, SWITCH, "pooled fit over all mesh axes")
+    else:
+        raise CalibrationError(f"calibrating links: mesh {amesh} has no axis of size > 1, so no collective "
+                               "can be measured; calibrate on a mesh with at least 2 devices on an axis")
     platform = jmesh.devices.flat[0].platform
+    if memory_bytes is None:
+        memory_bytes, mem_note = _host_memory_per_device(jmesh)
+    else:
+        mem_note = "memory_bytes given by the caller"
+    notes.append(f"memory per device: {memory_bytes / 2**30:.2f} GiB ({mem_note})")
     hw = Hardware(
         name=name or f"calibrated-{platform}",
         peak_flops={"float32": best, "bfloat16": best},
-        hbm_bytes=_host_memory_per_device(jmesh),
+        hbm_bytes=memory_bytes,
         hbm_bandwidth=hbm_bw,
-        link=Link(bw, alpha, SWITCH, "pooled fit over all mesh axes"),
+        link=link,
         axis_links=links,
         efficiency=efficiency,
+        # XLA:CPU runs each collective in line on the calling thread (a synchronous
+        # rendezvous of the device threads), so nothing overlaps compute there; the same
+        # reason as the built-in cpu profile. Accelerators run them asynchronously.
+        async_collectives=platform != "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),

@@ -33,8 +33,8 @@ def ensure_cpu_devices(n: int = DEFAULT_CPU_DEVICES) -> None:
         import jax
 
         jax.config.update("jax_num_cpu_devices", n)
-    except Exception:  # noqa: BLE001  (private API moved, or config refused: keep what jax has)
-        pass
+    except (ImportError, AttributeError):  # jax moved its private xla_bridge API: the user's jax decides
+        return
 
 
 def devices_for(n: int) -> tuple[list[Any] | None, str]:
@@ -77,21 +77,35 @@ def calibrated(mesh: Any, devices: list, quick: bool = True, attempts: int = 2) 
     """``(profile, note)`` from ``autolayout.calibrate`` with a plausibility check on CPU devices.
 
     Timing differences on a loaded machine can come out near zero and turn into absurd
-    rates; such a profile is measured again, and after ``attempts`` the built-in profile is
-    returned with a note saying why.
+    rates; such a profile (or a calibration that raised
+    :class:`~autolayout.exec.calibrate.CalibrationError`) is measured again, up to
+    ``attempts`` times. ``note`` says when a first attempt was discarded and why.
+
+    Raises:
+        CalibrationError: every attempt failed or was implausible; the message has the
+            measured figures and the fix. Nothing is swapped for a built-in profile: the
+            caller decides, and says so.
     """
     from autolayout.exec import calibrate
+    from autolayout.exec.calibrate import CalibrationError
 
-    why = ""
-    for _ in range(attempts):
-        hw = calibrate(mesh, quick=quick, devices=devices)
+    whys = []
+    for _ in range(max(int(attempts), 1)):
+        try:
+            hw = calibrate(mesh, quick=quick, devices=devices)
+        except CalibrationError as exc:
+            whys.append(str(exc))
+            continue
         if devices[0].platform != "cpu":
             return hw, ""
         peak = hw.peak("float32")
         link = max([hw.link.bandwidth] + [l.bandwidth for _, l in hw.axis_links])
         if peak <= _CPU_PLAUSIBLE["peak_flops"] and hw.hbm_bandwidth <= _CPU_PLAUSIBLE["hbm_bandwidth"] \
                 and link <= _CPU_PLAUSIBLE["link_bandwidth"]:
-            return hw, ""
-        why = (f"calibration measured an implausible {peak / 1e9:.3g} GFLOP/s, {hw.hbm_bandwidth / 1e9:.3g} GB/s "
-               f"memory or {link / 1e9:.3g} GB/s link bandwidth per CPU device (timing noise)")
-    return platform_hardware(devices), why + "; using the built-in profile instead"
+            note = ("calibration measured again: " + " | ".join(whys)) if whys else ""
+            return hw, note
+        whys.append(f"implausible {peak / 1e9:.3g} GFLOP/s, {hw.hbm_bandwidth / 1e9:.3g} GB/s memory or "
+                    f"{link / 1e9:.3g} GB/s link bandwidth per CPU device (bounds {_CPU_PLAUSIBLE}: timing noise)")
+    raise CalibrationError(f"calibrating mesh {mesh} on {len(devices)} {devices[0].platform} devices failed "
+                           f"{len(whys)} time(s): " + " | ".join(whys) + "; calibrate on a quieter machine "
+                           "(quick=False, more repeats), or pass a profile measured earlier")

@@ -1,0 +1,189 @@
+"""Calibration fits (autolayout.exec.calibrate): they recover known parameters from
+synthetic samples made by independent hand formulas, and every failure raises a
+CalibrationError saying what was measured and what to change (no silent fallback)."""
+from __future__ import annotations
+
+import importlib
+import math
+import time
+
+import numpy as np
+import pytest
+
+from autolayout import models
+from autolayout.costmodel.hardware import SWITCH, Hardware, Link, get_hardware
+from autolayout.costmodel.predict import predict
+from autolayout.exec.calibrate import (CalibrationError, StepSample, fit_alpha_beta, fit_step_profile,
+                                       nnls_relative)
+
+MESH = "rows:2,cols:4"
+# the module (autolayout.exec re-exports its function calibrate under the same name)
+calibrate_module = importlib.import_module("autolayout.exec.calibrate")
+
+
+def hand_time(kind: str, v: float, n: int, alpha: float, bw: float) -> float:
+    """Ring/pairwise formulas written out by hand (Thakur, Rabenseifner & Gropp 2005;
+    nccl-tests PERFORMANCE.md): operand ``v`` bytes on one device, switch topology."""
+    if kind == "all-reduce":
+        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * v / bw
+    if kind == "all-gather":  # v is the local shard; n*v gathered
+        return (n - 1) * alpha + (n - 1) * v / bw
+    return (n - 1) * alpha + (n - 1) / n * v / bw  # reduce-scatter, all-to-all (pairwise)
+
+
+# ---------------------------------------------------------------------------- nnls
+def test_nnls_relative_exact_and_constrained():
+    a = np.array([[1.0, 2.0], [3.0, 1.0], [2.0, 5.0]])
+    x = np.array([0.5, 2.0])
+    assert np.allclose(nnls_relative(a, a @ x), x)
+    # times that fall as column 1 grows: the unconstrained fit would make its weight negative
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    t = np.array([3.0, 2.0, 1.0])
+    x = nnls_relative(a, t)
+    assert x[1] == 0.0 and x[0] > 0
+    # one column, relative errors: minimise sum((x*1/t - 1)^2) -> x = sum(1/t) / sum(1/t^2) by hand
+    inv = 1 / t
+    assert math.isclose(x[0], inv.sum() / (inv ** 2).sum(), rel_tol=1e-9)
+
+
+def test_nnls_relative_rejects_bad_input():
+    with pytest.raises(ValueError, match="positive times"):
+        nnls_relative(np.ones((2, 1)), np.array([1.0, 0.0]))
+    with pytest.raises(ValueError, match="matrix"):
+        nnls_relative(np.ones((2, 1)), np.ones(3))
+
+
+# ------------------------------------------------------------------- alpha / beta
+@pytest.mark.parametrize("alpha,bw", [(20e-6, 2e9), (0.0, 5e8), (3e-6, 1e11)])
+def test_fit_alpha_beta_recovers_hand_formula(alpha, bw):
+    samples = [(kind, float(v), n, hand_time(kind, v, n, alpha, bw))
+               for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+               for v in (4096, 65536, 1 << 20) for n in (2, 4)]
+    a, b = fit_alpha_beta(samples)
+    assert math.isclose(a, alpha, rel_tol=1e-6, abs_tol=1e-12) and math.isclose(b, bw, rel_tol=1e-6)
+
+
+def test_fit_alpha_beta_without_samples_raises():
+    with pytest.raises(CalibrationError, match="no usable sample"):
+        fit_alpha_beta([])
+    with pytest.raises(CalibrationError, match="no usable sample"):
+        fit_alpha_beta([("all-reduce", 4096.0, 1, 1e-5)])  # group size 1 moves nothing
+
+
+def test_fit_alpha_beta_times_that_do_not_grow_raise():
+    # larger operands measured *faster*: no bandwidth can be read (noise)
+    samples = [("all-reduce", 4096.0, 4, 3e-4), ("all-reduce", 1048576.0, 4, 1e-4),
+               ("all-gather", 1024.0, 4, 3e-4), ("all-gather", 262144.0, 4, 1e-4)]
+    with pytest.raises(CalibrationError, match=r"do not grow with the operand size.*sizes \[1024, 4096"):
+        fit_alpha_beta(samples, what="mesh axis cols:4")
+
+
+# ---------------------------------------------------------------- timing noise
+def test_per_iter_lost_in_noise_raises():
+    """A loop whose time does not depend on its trip count: the slope is noise."""
+    def flat(x, k):
+        time.sleep(0.002)
+        return x
+    with pytest.raises(CalibrationError, match=r"a 64x64 float32 matmul.*lost in timing noise.*repeats="):
+        calibrate_module._per_iter(flat, 0, 1, 2, 1, "a 64x64 float32 matmul")
+
+
+def test_host_memory_unreadable_raises(monkeypatch):
+    class Dev:
+        platform = "cpu"
+
+        def memory_stats(self):
+            return None
+
+    class JMesh:
+        devices = np.array([Dev()] * 8)
+
+    def broken(name):
+        raise ValueError(f"unknown {name}")
+    monkeypatch.setattr(calibrate_module.os, "sysconf", broken)
+    with pytest.raises(CalibrationError, match="memory_bytes="):
+        calibrate_module._host_memory_per_device(JMesh())
+
+
+# ------------------------------------------------------------------- step refit
+def _cpu_like() -> Hardware:
+    return get_hardware("cpu").replace(link=Link(1e9, 30e-6, SWITCH), axis_links=())
+
+
+def test_fit_step_profile_recovers_a_known_profile():
+    """Step times made by a known profile (compute 1.4x slower, other links, a per-op
+    overhead) are fitted back to it: the four numbers are the constants chosen here."""
+    base = _cpu_like()
+    c, alpha, bw, overhead = 1.4, 80e-6, 3e8, 15e-6
+    truth = base.replace(peak_flops={k: v / c for k, v in base.peak_flops}, hbm_bandwidth=base.hbm_bandwidth / c,
+                         link=Link(bw, alpha, SWITCH), op_overhead_s=overhead)
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    t = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=1, vocab=32, batch=8, length=8)
+    samples = [StepSample(gr, MESH, lay, predict(gr, MESH, lay, hardware=truth).time_s)
+               for gr, lays in ((g, ["", "batch:rows,cols", "hidden:cols;batch:rows", "io:rows,cols"]),
+                                (t, ["batch:rows,cols", "heads:cols;batch:rows", "vocab:rows,cols"]))
+               for lay in lays]
+    fit = fit_step_profile(base, samples)
+    assert math.isclose(fit.compute_scale, c, rel_tol=1e-6)
+    assert math.isclose(fit.link.latency, alpha, rel_tol=1e-6)
+    assert math.isclose(fit.link.bandwidth, bw, rel_tol=1e-6)
+    assert math.isclose(fit.op_overhead_s, overhead, rel_tol=1e-6)
+    assert fit.median_abs_rel_error < 1e-9 and fit.samples == len(samples)
+    assert math.isclose(fit.hardware.peak("float32"), base.peak("float32") / c, rel_tol=1e-9)
+    assert not fit.hardware.async_collectives
+    assert any("refitted to 7 measured steps" in s for s in fit.hardware.sources)
+
+
+def test_op_overhead_is_priced_once_per_executed_op():
+    """``op_overhead_s`` adds to the step once per executed op: the MLP's ops counted by hand
+    from its graph (every op but inputs, parameters, optimizer state and constants)."""
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    executed = sum(op.multiplicity for op in g.ops() if op.kind not in ("input", "param", "opt_state", "constant"))
+    hw = _cpu_like()
+    for lay in ("", "batch:rows,cols", "hidden:cols"):
+        base = predict(g, MESH, lay, hardware=hw)
+        more = predict(g, MESH, lay, hardware=hw.replace(op_overhead_s=1e-3))
+        assert math.isclose(more.time_s - base.time_s, executed * 1e-3, rel_tol=1e-9)
+        assert math.isclose(more.comm_s, base.comm_s)
+    with pytest.raises(ValueError, match="op_overhead_s must be a finite number >= 0"):
+        hw.replace(op_overhead_s=-1e-6)
+
+
+def test_fit_step_profile_failures_raise():
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    with pytest.raises(CalibrationError, match="at least 4 needed"):
+        fit_step_profile(_cpu_like(), [StepSample(g, MESH, "", 1e-3)])
+    bad = [StepSample(g, MESH, lay, 1e-3) for lay in ("", "batch:rows", "batch:cols", "hidden:cols")]
+    with pytest.raises(CalibrationError, match="async_collectives=True"):
+        fit_step_profile(_cpu_like().replace(async_collectives=True), bad)
+    zero = bad[:3] + [StepSample(g, MESH, "io:rows", 0.0)]
+    with pytest.raises(CalibrationError, match="not positive"):
+        fit_step_profile(_cpu_like(), zero)
+    # times that follow the number of collective steps alone (a latency-only machine, no
+    # compute time): neither a compute nor a bandwidth term can be read from them
+    latency_only = get_hardware("cpu").replace(peak_flops={"float32": 1e30}, hbm_bandwidth=1e30,
+                                               link=Link(float("inf"), 50e-6, SWITCH), axis_links=())
+    flat = [StepSample(g, MESH, lay, predict(g, MESH, lay, hardware=latency_only).time_s)
+            for lay in ("batch:rows", "batch:cols", "batch:rows,cols", "hidden:cols", "io:rows")]
+    with pytest.raises(CalibrationError, match="no (compute|bandwidth) term"):
+        fit_step_profile(_cpu_like(), flat)
+
+
+# ------------------------------------------------------------- reporting wrapper
+def test_calibrated_raises_after_implausible_attempts(monkeypatch):
+    from autolayout import exec as exec_pkg
+    from autolayout.reporting.devices import calibrated
+
+    absurd = get_hardware("cpu").replace(peak_flops={"float32": 1e15})
+    calls = []
+
+    def fake(mesh, **kw):
+        calls.append(mesh)
+        return absurd
+    monkeypatch.setattr(exec_pkg, "calibrate", fake)
+
+    class Dev:
+        platform = "cpu"
+    with pytest.raises(CalibrationError, match=r"failed 2 time\(s\): implausible 1e\+06 GFLOP/s.*quieter machine"):
+        calibrated(MESH, [Dev()] * 8, attempts=2)
+    assert len(calls) == 2
