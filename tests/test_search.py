@@ -703,3 +703,32 @@ def test_best_layouts_bad_k(k):
 
     with pytest.raises(LayoutError, match=r"k must be a positive integer \(how many layouts\), got"):
         best_layouts(graph("mlp_tiny"), "all:2", k)
+
+
+def test_best_layouts_with_regions_and_remat_beat_every_other_layout_sampled():
+    """With region rules and the remat policies (too many layouts to enumerate here: 3 x 4489),
+    the k best are distinct, the first is search's, and no layout of a random sample of the
+    enumeration that is not among them is faster than the k-th."""
+    import random
+
+    from autolayout.remat import rematerialize
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = graph("transformer"), "rows:4,cols:2", "tpu-v3", 4
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    assert len(rs) == k and len({str(r.layout.canonical()) for r in rs}) == k
+    assert [r.cost.time_s for r in rs] == sorted(r.cost.time_s for r in rs)
+    best = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    assert rs[0].cost.time_s == pytest.approx(best.cost.time_s, rel=1e-9, abs=best.tolerance_s)
+    chosen = {str(r.layout.canonical()) for r in rs}
+    rng = random.Random(0)
+    sample = []
+    for policy in ("none", "full", "dots"):
+        layouts = list(enumerate_layouts(rematerialize(g, policy), Mesh.parse(mesh), regions=True))
+        strong = [Layout(x) for x in ("batch:rows,cols", "batch:rows;heads:cols;d_ff:cols;vocab:cols",
+                                      "batch:rows;d_ff:cols", "batch:rows;heads:cols")]
+        sample += [lay.with_remat("" if policy == "none" else policy) for lay in rng.sample(layouts, 30) + strong]
+    tol = max(r.tolerance_s for r in rs)
+    for lay in sample:
+        if str(lay.canonical()) not in chosen:
+            assert predict(g, mesh, lay, hardware=hw).time_s >= rs[-1].cost.time_s - tol, str(lay)
