@@ -42,6 +42,7 @@ class Verified:
     max_rel_error: float = float("nan")
     collectives_match: bool | None = None
     error: str = ""
+    execution: Any = field(default=None, compare=False, repr=False)  # the run (an Execution), when it ran
 
     @property
     def ok(self) -> bool:
