@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from typing import Any, Sequence
 
 from autolayout.core import LayoutError, Mesh
@@ -90,7 +89,6 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     """
     from autolayout.exec.runner import execute
 
-    start = time.perf_counter()
     _count(k, "k", "how many of the best layouts to run")
     _count(repeats, "repeats", "timed rounds")
     mesh = Mesh.parse(mesh)
@@ -130,11 +128,12 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     failed = len(rows) - len(ran)
     note = (f"verify={k}: measured on {len(devs[:mesh.size])} {devs[0].platform} devices ({repeats} interleaved "
             f"rounds), the fastest of the {len(rows)} best predicted layouts is #{win + 1}"
-            + (f" (predicted rank {win + 1}, {rows[win].measured_time_s * 1e3:.3f} ms vs "
-               f"{rows[0].measured_time_s * 1e3:.3f} ms for #1)" if win and rows[0].ok else "")
+            + (f" ({rows[win].measured_time_s * 1e3:.3f} ms, vs {rows[0].measured_time_s * 1e3:.3f} ms for the "
+               f"predicted best #1)" if win and rows[0].ok else "")
             + (f"; {failed} did not run (see verified)" if failed else ""))
+    # solve_time_s stays the search's (the last of the k came at its end); the runs are not in it
     return dataclasses.replace(best[win], verified=tuple(rows), notes=best[win].notes + (note,),
-                               solve_time_s=time.perf_counter() - start)
+                               solve_time_s=max(r.solve_time_s for r in best))
 
 
 _verify = verify  # search's keyword `verify` shadows the function inside it
