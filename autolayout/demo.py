@@ -232,18 +232,41 @@ def section_predict(demo: Demo) -> None:
     print("\n  (no device is needed to predict: `autolayout predict transformer_lm --hardware tpu-v4 ...`)")
 
 
+VERIFY_K = 3  # layouts the search hands to the measurement (section 5); each is compiled and run once
+
+
 def section_search(demo: Demo) -> None:
-    """Find the provably fastest layout under the cost model with CP-SAT."""
-    header("5. Search: the fastest layout under the cost model (CP-SAT)")
+    """Find the fastest layouts under the cost model with CP-SAT, run the best few here and
+    keep the measured fastest (``search(..., verify=k)``)."""
+    devices = demo.extras.get("devices")
+    measure = demo.execute and devices is not None and demo.local is not None and not demo.other_target
+    header("5. Search: the fastest layouts under the cost model (CP-SAT), measured here"
+           if measure else "5. Search: the fastest layout under the cost model (CP-SAT)")
     try:
         from autolayout.search.api import search
     except ImportError as exc:
         print(f"  search unavailable in this installation: {exc}")
         return
-    r = search(demo.graph, demo.mesh, hardware=demo.hardware)
+    if measure:
+        from autolayout.exec.verify import verify
+        r = verify(demo.graph, demo.mesh, VERIFY_K, hardware=demo.hardware, repeats=demo.repeats, devices=devices)
+    else:
+        r = search(demo.graph, demo.mesh, hardware=demo.hardware)
     demo.extras["search"] = r
     print(f"  {r.status} in {r.solve_time_s:.2f} s ({r.num_variables} variables, {r.num_constraints} constraints), "
           f"gap {r.gap:.1%}")
+    if r.verified:
+        print(f"  the {len(r.verified)} best predicted layouts, each run on {len(devices)} {devices[0].platform.upper()} "
+              f"devices ({demo.repeats} rounds, one step of each per round; median):")
+        rows = [("*" if v.layout == r.layout else "", i + 1, short_layout(v.layout, 56), fmt_time(v.predicted_time_s),
+                 fmt_time(v.measured_time_s) if v.ok else "-", "ok" if v.ok else v.error[:40])
+                for i, v in enumerate(r.verified)]
+        table(rows, ("", "#", "layout", "predicted", "measured", ""), "<><>><")
+        win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout) + 1
+        print(f"  chosen: #{win}, the measured fastest (*)" + (" — also the predicted fastest" if win == 1 else ""))
+    elif demo.execute and demo.other_target:
+        print(f"  (the search is for {demo.hardware.name}, not these devices: its layouts are not measured here "
+              "to choose between them)")
     print(f"  layout: {short_layout(r.layout, 120)}")
     best_named = min(((n, c) for n, c in demo.extras["costs"].items()), key=lambda nc: nc[1].time_s)
     print(f"  predicted {fmt_time(r.cost.time_s)} per step (compute {fmt_time(r.cost.compute_s)}, comm "
@@ -258,6 +281,15 @@ def section_search(demo: Demo) -> None:
             2: "also keep their gradients sharded (ZeRO-2)", 3: "are stored sharded and gathered per use (ZeRO-3)"}
     for stage, n in sorted(stages.items()):
         print(f"  storage sharding: {n} {'entry' if n == 1 else 'entries'} {what.get(stage, f'at stage {stage}')}")
+
+
+def _measured(demo: Demo, lay: Any) -> Any:
+    """The run of ``lay`` made by the search's measurement (section 5), if there is one."""
+    r = demo.extras.get("search")
+    for v in getattr(r, "verified", ()):
+        if v.execution is not None and v.layout.canonical() == lay.canonical():
+            return v.execution
+    return None
 
 
 def _layouts_to_run(demo: Demo) -> list[tuple[str, Any]]:
@@ -308,8 +340,10 @@ def section_execute(demo: Demo) -> None:
             bar.start(name)
             res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
             try:
-                res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
-                                        devices=devices)
+                res.execution = _measured(demo, lay)  # run in section 5: not compiled again
+                if res.execution is None:
+                    res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
+                                            devices=devices)
                 bar.advance(f"{res.execution.step_time_s * 1e3:.1f} ms")
             except (ValueError, NotImplementedError) as exc:
                 res.error = "execution failed: " + " ".join(str(exc).split())

@@ -732,3 +732,20 @@ def test_best_layouts_with_regions_and_remat_beat_every_other_layout_sampled():
     for lay in sample:
         if str(lay.canonical()) not in chosen:
             assert predict(g, mesh, lay, hardware=hw).time_s >= rs[-1].cost.time_s - tol, str(lay)
+
+
+def test_best_layouts_with_distinct_rules_are_the_k_best_rule_sets():
+    """distinct="rules": the k best rule sets, each with its fastest storage sharding (enumerated)."""
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = adam_mlp(4096, 1024, 4096), "rows:4,cols:2", "tpu-v3", 5
+    per_rules: dict = {}
+    for t, key in ranked_by_enumeration(g, mesh, hw, storage=True):
+        rules = key.split("|")[0]
+        per_rules[rules] = min(per_rules.get(rules, math.inf), t)
+    want = sorted((t, r) for r, t in per_rules.items())
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=INF, distinct="rules")
+    assert_k_best(rs, want, k)
+    assert len({str(Layout(r.layout.rules).canonical()) for r in rs}) == k
+    with pytest.raises(LayoutError, match="distinct must be 'layout'"):
+        best_layouts(g, mesh, k, distinct="storage")

@@ -36,7 +36,7 @@ def test_verify_returns_the_measured_fastest_of_the_k_best(cpu_devices):
     g, k = small(), 3
     r = verify(g, MESH, k, hardware="cpu", repeats=4, devices=cpu_devices, compiler_options=FAST, **RULES)
     assert isinstance(r, SearchResult) and len(r.verified) == k
-    want = best_layouts(g, MESH, k, hardware="cpu", **RULES)
+    want = best_layouts(g, MESH, k, hardware="cpu", distinct="rules", **RULES)
     assert [str(v.layout) for v in r.verified] == [str(w.layout) for w in want]  # predicted order
     for v in r.verified:
         assert isinstance(v, Verified) and v.ok and v.error == ""
@@ -72,7 +72,7 @@ def test_a_failed_run_keeps_its_row_with_the_error(cpu_devices, monkeypatch):
     from autolayout.exec import runner
 
     g, k = small(), 3
-    first = best_layouts(g, MESH, k, hardware="cpu", **RULES)[0].layout
+    first = best_layouts(g, MESH, k, hardware="cpu", distinct="rules", **RULES)[0].layout
     real = runner.execute
 
     def execute(graph, mesh, layout, **kw):
@@ -120,3 +120,22 @@ def test_verify_needs_a_mesh_and_the_devices_profile():
         autolayout.search(small(), MESH, verify=2)  # the default target profile, on CPU devices
     with pytest.raises(LayoutError, match=r"repeats must be a positive integer"):
         verify(small(), MESH, 2, hardware="cpu", repeats=0)
+
+
+def test_each_row_keeps_its_run_with_the_interleaved_timing(cpu_devices):
+    r = verify(small(), MESH, 2, hardware="cpu", repeats=3, devices=cpu_devices, compiler_options=FAST, **RULES)
+    for v in r.verified:
+        ex = v.execution
+        assert ex is not None and ex.layout == v.layout
+        assert ex.step_times_s == v.measured_times_s and ex.step_time_s == v.measured_time_s
+        row = ex.comparison.set_index("quantity").loc["step time s"]
+        assert row["measured"] == v.measured_time_s
+
+
+def test_verify_runs_layouts_with_different_rules_by_default(cpu_devices):
+    """With storage sharding on, the k layouts run differ in their rules (not only in ZeRO stages)."""
+    r = verify(small(), MESH, 3, hardware="cpu", repeats=1, devices=cpu_devices, compiler_options=FAST,
+               memory_limit=math.inf, regions=False)
+    rules = [str(type(v.layout)(v.layout.rules).canonical()) + v.layout.remat for v in r.verified]
+    assert len(r.verified) == 3 and len(set(rules)) == 3
+    assert any(v.layout.storage for v in r.verified)

@@ -59,7 +59,8 @@ def _devices(devices: Sequence[Any] | None) -> list:
 def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limit: float | str | None = None,
            shard_weight_update: bool = True, time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0,
            regions: bool = True, remat: str | None = None, repeats: int = 5, devices: Sequence[Any] | None = None,
-           reference: bool = True, seed: int = 0, compiler_options: dict | None = None) -> SearchResult:
+           reference: bool = True, seed: int = 0, compiler_options: dict | None = None,
+           distinct: str = "rules") -> SearchResult:
     """Search the ``k`` best layouts, run each here, return the measured fastest with the table.
 
     Args:
@@ -76,6 +77,10 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
             layout's ``measured_time_s`` is its median over the rounds.
         devices: the devices to run on (default ``jax.devices()``); ``reference``, ``seed``,
             ``compiler_options``: :func:`~autolayout.exec.execute`'s.
+        distinct: :func:`~autolayout.search.api.best_layouts`'s; default ``"rules"``: the
+            ``k`` layouts differ in their rules or remat policy (each with its fastest
+            storage sharding), not only in storage choices that tie in time — runs of
+            near-copies of one layout would measure noise.
 
     Returns:
         The :class:`SearchResult` of the layout with the smallest measured median, its
@@ -87,7 +92,7 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
         SearchError: as the search (no layout fits ``memory_limit``, ...).
         VerifyError: none of the layouts ran (the message has each error).
     """
-    from autolayout.exec.runner import execute
+    from autolayout.exec.runner import comparison_table, execute
 
     _count(k, "k", "how many of the best layouts to run")
     _count(repeats, "repeats", "timed rounds")
@@ -96,7 +101,8 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     hw = get_hardware(hardware) if hardware is not None else hardware_for_device(devs[0])
     best = api.best_layouts(graph, mesh, k, hardware=hw, memory_limit=memory_limit,
                             shard_weight_update=shard_weight_update, time_limit_s=time_limit_s,
-                            num_workers=num_workers, random_seed=random_seed, regions=regions, remat=remat)
+                            num_workers=num_workers, random_seed=random_seed, regions=regions, remat=remat,
+                            distinct=distinct)
     runs: list[Any] = []
     errors: list[str] = []
     for r in best:
@@ -116,8 +122,11 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     for r, ex, err, ts in zip(best, runs, errors, times):
         if ex is None:
             rows.append(Verified(r.layout, r.cost.time_s, float("nan"), r.cost.memory_bytes, error=err))
-        else:
-            rows.append(Verified(r.layout, r.cost.time_s, statistics.median(ts), r.cost.memory_bytes, tuple(ts),
+        else:  # the run's timing becomes the interleaved rounds' (its own warm-up timing is dropped)
+            ex = dataclasses.replace(ex, step_time_s=statistics.median(ts), step_times_s=tuple(ts),
+                                     step_time_spread_s=max(ts) - min(ts))
+            ex.comparison = comparison_table(ex)
+            rows.append(Verified(r.layout, r.cost.time_s, ex.step_time_s, r.cost.memory_bytes, tuple(ts),
                                  ex.max_rel_error, bool(ex.collectives_match), execution=ex))
     ran = [i for i, row in enumerate(rows) if row.ok]
     if not ran:

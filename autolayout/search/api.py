@@ -255,7 +255,7 @@ def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, re
 
 def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
                  time_limit_s: float, num_workers: int, random_seed: int, start: float,
-                 k: int) -> tuple[list[SearchResult], bool]:
+                 k: int, distinct: str = "layout") -> tuple[list[SearchResult], bool]:
     """The ``k`` best layouts for one remat policy, and whether that list is complete (every
     solve proven optimal, and ``k`` of them or no other layout fits)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
@@ -265,7 +265,8 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     g = rematerialize(graph, policy)
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
-    sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed)
+    sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
+                      distinct_storage=distinct == "layout")
     out, seen = [], set()
     for sol in sols:
         lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
@@ -295,7 +296,7 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
 def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HARDWARE,
                  memory_limit: float | str | None = None, shard_weight_update: bool = True,
                  time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
-                 remat: str | None = None) -> list[SearchResult]:
+                 remat: str | None = None, distinct: str = "layout") -> list[SearchResult]:
     """The ``k`` layouts of ``graph`` on ``mesh`` with the smallest predicted step times, fastest first.
 
     :func:`search` for the best, then again with each layout found forbidden (a no-good
@@ -307,7 +308,12 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
     ``status`` is ``OPTIMAL`` when its rank is proven. Fewer than ``k`` come back when
     fewer layouts fit, or when ``time_limit_s`` (shared by all solves) runs out first;
     the last result's ``notes`` say which, and a time-out makes every result
-    ``FEASIBLE`` (the ranking is then not proven). The arguments are :func:`search`'s.
+    ``FEASIBLE`` (the ranking is then not proven). The other arguments are :func:`search`'s.
+
+    ``distinct="rules"`` counts layouts as distinct only when their rules (splits, region
+    rules) or remat policy differ, each with its fastest storage sharding: storage choices
+    that tie in time (ZeRO stages of small parameters, often) then do not fill the list
+    with near-copies of one layout.
 
     Example::
 
@@ -322,6 +328,8 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
     require_graph(graph, "best_layouts")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise LayoutError(f"k must be a positive integer (how many layouts), got {k!r}")
+    if distinct not in ("layout", "rules"):
+        raise LayoutError(f"distinct must be 'layout' (rules or storage differ) or 'rules', got {distinct!r}")
     hw = get_hardware(hardware)
     limit = _memory_limit(hw, memory_limit)
     mesh = Mesh.parse(mesh)
@@ -331,7 +339,8 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
         left = time_limit_s - (time.perf_counter() - start)
         try:
             rs, complete = _search_best(graph, mesh, hw, limit, policy, regions, shard_weight_update,
-                                        max(left / (len(policies) - i), 0.05), num_workers, random_seed, start, k)
+                                        max(left / (len(policies) - i), 0.05), num_workers, random_seed, start, k,
+                                        distinct)
         except SearchError as e:
             errors.append((f"remat={policy}", e))
             if e.reason == "time":

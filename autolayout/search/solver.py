@@ -232,13 +232,16 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
     return solve_best(tables, wus, memory_limit, 1, time_limit_s=time_limit_s, workers=workers, seed=seed)[0]
 
 
-def exclude(lm: LayoutModel, point: Decoded) -> None:
+def exclude(lm: LayoutModel, point: Decoded, *, storage: bool = True) -> None:
     """Add the no-good cut that forbids exactly ``point``'s assignment: the clause "some
     ``x[d, m]`` or storage ``w[p, o]`` differs from ``point``'s value" (every other
-    variable of the model — one-hots, overlap slacks — is a function of these)."""
+    variable of the model — one-hots, overlap slacks — is a function of these). With
+    ``storage=False`` only the ``x`` (the rules) count: every storage choice of ``point``'s
+    rules is forbidden."""
     lits = [v.Not() if a in point.axes_of.get(d, ()) else v for (d, a), v in lm.x.items()]
     on = set(point.active)
-    lits += [v.Not() if (k, j) in on else v for k, wk in enumerate(lm.w) for j, v in wk.items()]
+    if storage:
+        lits += [v.Not() if (k, j) in on else v for k, wk in enumerate(lm.w) for j, v in wk.items()]
     if not lits:
         lm.model.AddBoolOr([False])  # a space of one layout: nothing else is left
     else:
@@ -246,45 +249,76 @@ def exclude(lm: LayoutModel, point: Decoded) -> None:
 
 
 def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int, *, time_limit_s: float = 60.0,
-               workers: int = 2, seed: int = 0) -> list[Solved]:
+               workers: int = 2, seed: int = 0, distinct_storage: bool = True) -> list[Solved]:
     """The ``k`` fastest distinct points that fit ``memory_limit``, fastest first.
+
+    ``distinct_storage=False``: points with distinct rules (each with its best storage
+    sharding), rather than distinct rules or storage.
 
     After each solve a no-good cut (:func:`exclude`) forbids the point found and the model
     is solved again, so the ``i``-th solve's optimum is the ``i``-th best point (up to the
     permutations of interchangeable axes the model's symmetry breaking leaves out: those
     layouts cost the same). Memory rows added on the way stay (they are true constraints).
-    With ``k > 1`` the warm start's objective does not prune the model (the 2nd..k-th best
-    may lie above it). Fewer than ``k`` come back when fewer layouts fit, or when the time
-    limit (shared by all solves) ends before the next one is found; the last point's
-    ``notes`` then say which. The first point is :func:`solve`'s, with its guarantees.
+
+    Pruning (``LayoutModel.prune``) with a bound ``U`` removes only layouts whose objective
+    exceeds ``U``, so a point found with objective ``<= U`` is the best of those left. When
+    the ``i``-th solve finds one above ``U`` (the pruned-away layouts might be faster), that
+    point is itself a sound bound for the ``i``-th best: the model is rebuilt (memory rows
+    and cuts kept) and pruned with its objective, and solved again; when the pruned model has
+    no layout left, it is rebuilt unpruned. The warm start gives the first ``U``, as in
+    :func:`solve`.
+
+    Fewer than ``k`` come back when fewer layouts fit, or when the time limit (shared by all
+    solves) ends before the next one is found; the last point's ``notes`` and ``end`` then
+    say which. The first point is :func:`solve`'s, with its guarantees.
     """
     if int(k) != k or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     start = time.perf_counter()
-    lm = LayoutModel(tables, wus)
     points = live_points(tables.graph) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
     def peak(point: Decoded) -> tuple[int, int]:
         return peak_of(points, sizes_of(tables, wus, point)) if points else (0, 0)
 
+    out: list[Solved] = []
+
+    def build(rows: list, upper: int | None) -> LayoutModel:
+        lm = LayoutModel(tables, wus)
+        for names in rows:
+            lm.add_memory_row(names, limit)
+        for sol in out:
+            exclude(lm, sol.point, storage=distinct_storage)
+        if upper is not None:
+            lm.prune(upper)
+        return lm
+
+    lm = LayoutModel(tables, wus)
     warm = greedy(tables, wus)
     warm_fits = peak(warm)[0] <= limit or not points
-    if warm_fits and k == 1:
-        lm.prune(lm.units(warm))  # the warm start satisfies every constraint: its objective bounds
-    # prune: only for k == 1 (the 2nd..k-th best may lie above a known layout's objective)
-    state = {"hint": warm, "fit_known": warm_fits, "solve_s": 0.0, "prune": k == 1}
-    out: list[Solved] = []
+    upper = lm.units(warm) if warm_fits else None
+    if upper is not None:
+        lm.prune(upper)  # the warm start satisfies every constraint: its objective bounds
+    state = {"hint": warm, "fit_known": warm_fits, "solve_s": 0.0, "upper": upper}
     while len(out) < k:
         sol = _solve_next(tables, wus, lm, memory_limit, points, limit, peak, warm, warm_fits, state, start,
                           time_limit_s, workers, seed, first=not out)
+        if sol == NO_OTHER and state["upper"] is not None:  # only the pruned model is exhausted
+            lm = build(lm.memory_rows, None)
+            state["upper"] = None
+            continue
         if isinstance(sol, str):  # no further point: why
             out[-1].notes.append(sol)
             out[-1].end = "space" if sol == NO_OTHER else "time"
             break
+        units = lm.units(sol.point)
+        if state["upper"] is not None and units > state["upper"]:  # see the docstring
+            lm = build(lm.memory_rows, units)
+            state["upper"], state["hint"] = units, sol.point
+            continue
         out.append(sol)
         if len(out) < k:
-            exclude(lm, sol.point)
+            exclude(lm, sol.point, storage=distinct_storage)
             state["hint"] = sol.point
     return out
 
@@ -354,8 +388,9 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
         if status == "FEASIBLE" and not state["fit_known"] and in_time:  # a probe's incumbent
             if mem <= limit:  # it fits: its objective bounds every optimum
                 state["fit_known"] = True
-                if state["prune"]:
-                    lm.prune(lm.units(point))
+                if state["upper"] is None:
+                    state["upper"] = lm.units(point)
+                    lm.prune(state["upper"])
             elif not lm.add_memory_row(points[at], limit):
                 if not first:
                     return NO_OTHER
