@@ -249,6 +249,7 @@ def section_search(demo: Demo) -> None:
         return
     if measure:
         from autolayout.exec.verify import verify
+        compile_cache_dir()  # the runs below compile too
         r = verify(demo.graph, demo.mesh, VERIFY_K, hardware=demo.hardware, repeats=demo.repeats, devices=devices)
     else:
         r = search(demo.graph, demo.mesh, hardware=demo.hardware)
@@ -320,7 +321,7 @@ def section_execute(demo: Demo) -> None:
         print(f"  skipped: {demo.extras.get('devices_note')}")
         return
     try:
-        from autolayout.exec import execute
+        from autolayout.exec.verify import measure
     except ImportError as exc:
         print(f"  execution unavailable in this installation: {exc}")
         return
@@ -329,26 +330,28 @@ def section_execute(demo: Demo) -> None:
     from autolayout.costmodel.predict import predict
     todo = _layouts_to_run(demo)
     print(f"  {len(todo)} layouts on {len(devices)} {devices[0].platform.upper()} devices: compile, run once, "
-          f"time {demo.repeats} runs, compare with the unsharded reference")
+          f"time {demo.repeats} rounds (one step of each per round), compare with the unsharded reference")
     cache = compile_cache_dir()
     if cache:
         print(f"  compiled programs are cached in {cache}: a second run skips compiling them")
-    results = []
+    results = [LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
+               for name, lay in todo]
     t0 = time.perf_counter()
-    with Progress(len(todo), "executing", enabled=demo.progress) as bar:
-        for name, lay in todo:
-            bar.start(name)
-            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
-            try:
-                res.execution = _measured(demo, lay)  # run in section 5: not compiled again
-                if res.execution is None:
-                    res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
-                                            devices=devices)
-                bar.advance(f"{res.execution.step_time_s * 1e3:.1f} ms")
-            except (ValueError, NotImplementedError) as exc:
-                res.error = "execution failed: " + " ".join(str(exc).split())
-                bar.advance("failed")
-            results.append(res)
+    for res in results:
+        res.execution = _measured(demo, res.layout)  # run in section 5: not compiled again
+    again = [res for res in results if res.execution is None]
+    if len(again) < len(results):
+        print(f"  ({len(results) - len(again)} of them already ran in section 5: their runs are reused)")
+    with Progress(1, "executing", enabled=demo.progress and bool(again)) as bar:
+        bar.start(", ".join(res.name for res in again))
+        runs = measure(demo.graph, demo.mesh, [res.layout for res in again], hardware=demo.local,
+                       repeats=demo.repeats, devices=devices) if again else []
+        for res, run in zip(again, runs):
+            if isinstance(run, str):
+                res.error = "execution failed: " + run
+            else:
+                res.execution = run
+        bar.advance(f"{len(again)} layouts")
     demo.extras["results"] = results
     print(f"  done in {time.perf_counter() - t0:.1f} s")
 

@@ -30,7 +30,7 @@ from autolayout.graph import Graph
 from autolayout.search import api
 from autolayout.search.api import SearchResult, Verified
 
-__all__ = ["VerifyError", "search", "verify"]
+__all__ = ["VerifyError", "measure", "search", "verify"]
 
 # The failures of one layout's run that verify records in its row (and goes on with the
 # others): bad or unsupported layouts (ValueError, NotImplementedError, LoweringError) and
@@ -54,6 +54,70 @@ def _devices(devices: Sequence[Any] | None) -> list:
     import jax
 
     return list(jax.devices())
+
+
+# The last unsharded reference measure computed (its graph, seed and compiler options, and
+# outputs): a second call on the same graph (the demo's sections 5 and 6) does not run it again.
+_LAST_REFERENCE: dict = {}
+
+
+def measure(graph: Graph, mesh: Any, layouts: Sequence[Any], *, hardware: Any, repeats: int = 5,
+            devices: Sequence[Any] | None = None, reference: bool = True, seed: int = 0,
+            compiler_options: dict | None = None) -> list[Any]:
+    """Run each of ``layouts`` with :func:`~autolayout.exec.execute` on the same arguments and
+    time them in ``repeats`` interleaved rounds (one step of each layout per round).
+
+    Returns, per layout, its :class:`~autolayout.exec.Execution` — its ``step_times_s``
+    the rounds' times, ``step_time_s`` their median — or, when its run failed (see
+    :data:`RUN_ERRORS`), a string ``"ExceptionType: message"``. With ``reference`` the
+    unsharded step runs once, on the same arguments (drawn once from ``seed``), and every
+    run's outputs are compared with it (``execute`` would compile it once per layout); the
+    last such reference is kept for the next call on the same graph, seed and options.
+    """
+    import jax
+
+    from autolayout.exec.runner import _errors, _to_tensor, check_args, comparison_table, execute, make_args
+
+    _count(repeats, "repeats", "timed rounds")
+    mesh = Mesh.parse(mesh)
+    devs = _devices(devices)[:mesh.size]
+    args = make_args(graph, seed)  # unsharded: the same values for every layout (and the reference)
+    ref = None
+    if reference:
+        key = (seed, repr(sorted((compiler_options or {}).items())))
+        if _LAST_REFERENCE.get("graph") is graph and _LAST_REFERENCE.get("key") == key:
+            ref = _LAST_REFERENCE["outputs"]
+        else:
+            squeezed = [_to_tensor(graph, n, leaf) for leaf, n in zip(check_args(graph, args), graph.input_names)]
+            ref_args = jax.tree_util.tree_unflatten(graph.in_tree, squeezed)
+            ref = jax.jit(graph.evaluate).lower(*ref_args).compile(compiler_options=compiler_options)(*ref_args)
+            _LAST_REFERENCE.clear()
+            _LAST_REFERENCE.update(graph=graph, key=key, outputs=ref)
+    runs: list[Any] = []
+    for lay in layouts:
+        try:
+            ex = execute(graph, mesh, lay, args=args, hardware=hardware, repeats=1, devices=devs, reference=False,
+                         compiler_options=compiler_options)
+            if ref is not None:
+                abs_err, rel_err, notes = _errors(ex.outputs, ref)
+                ex = dataclasses.replace(ex, reference=ref, max_abs_error=abs_err, max_rel_error=rel_err,
+                                         notes=tuple(dict.fromkeys(notes + list(ex.notes))))
+            runs.append(ex)
+        except RUN_ERRORS as exc:
+            runs.append(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeats):  # interleaved: load drift on a shared machine hits every layout alike
+        for i, ex in enumerate(runs):
+            if not isinstance(ex, str):
+                times[i] += ex.time_steps(1)
+    out = []
+    for ex, ts in zip(runs, times):
+        if not isinstance(ex, str):  # the run's own (warm-up) timing is replaced by the rounds'
+            ex = dataclasses.replace(ex, step_time_s=statistics.median(ts), step_times_s=tuple(ts),
+                                     step_time_spread_s=max(ts) - min(ts))
+            ex.comparison = comparison_table(ex)
+        out.append(ex)
+    return out
 
 
 def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limit: float | str | None = None,
@@ -92,8 +156,6 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
         SearchError: as the search (no layout fits ``memory_limit``, ...).
         VerifyError: none of the layouts ran (the message has each error).
     """
-    from autolayout.exec.runner import comparison_table, execute
-
     _count(k, "k", "how many of the best layouts to run")
     _count(repeats, "repeats", "timed rounds")
     mesh = Mesh.parse(mesh)
@@ -103,30 +165,14 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
                             shard_weight_update=shard_weight_update, time_limit_s=time_limit_s,
                             num_workers=num_workers, random_seed=random_seed, regions=regions, remat=remat,
                             distinct=distinct)
-    runs: list[Any] = []
-    errors: list[str] = []
-    for r in best:
-        try:
-            runs.append(execute(graph, mesh, r.layout, hardware=hw, repeats=1, devices=devs[:mesh.size],
-                                reference=reference, seed=seed, compiler_options=compiler_options))
-            errors.append("")
-        except RUN_ERRORS as exc:
-            runs.append(None)
-            errors.append(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-    times: list[list[float]] = [[] for _ in best]
-    for _ in range(repeats):  # interleaved: one step of each layout per round
-        for i, ex in enumerate(runs):
-            if ex is not None:
-                times[i] += ex.time_steps(1)
+    runs = measure(graph, mesh, [r.layout for r in best], hardware=hw, repeats=repeats, devices=devs,
+                   reference=reference, seed=seed, compiler_options=compiler_options)
     rows = []
-    for r, ex, err, ts in zip(best, runs, errors, times):
-        if ex is None:
-            rows.append(Verified(r.layout, r.cost.time_s, float("nan"), r.cost.memory_bytes, error=err))
-        else:  # the run's timing becomes the interleaved rounds' (its own warm-up timing is dropped)
-            ex = dataclasses.replace(ex, step_time_s=statistics.median(ts), step_times_s=tuple(ts),
-                                     step_time_spread_s=max(ts) - min(ts))
-            ex.comparison = comparison_table(ex)
-            rows.append(Verified(r.layout, r.cost.time_s, ex.step_time_s, r.cost.memory_bytes, tuple(ts),
+    for r, ex in zip(best, runs):
+        if isinstance(ex, str):
+            rows.append(Verified(r.layout, r.cost.time_s, float("nan"), r.cost.memory_bytes, error=ex))
+        else:
+            rows.append(Verified(r.layout, r.cost.time_s, ex.step_time_s, r.cost.memory_bytes, ex.step_times_s,
                                  ex.max_rel_error, bool(ex.collectives_match), execution=ex))
     ran = [i for i, row in enumerate(rows) if row.ok]
     if not ran:
