@@ -3,9 +3,13 @@
 Each section is a function that takes the :class:`Demo` state, prints its part and
 may add to the state; :data:`SECTIONS` lists them in order, so a new stage is one
 function and one entry. Sizes are the zoo's defaults (``models.transformer_lm()``):
-tracing, prediction and search take seconds; executing four layouts on 8 virtual CPU
-devices (compiling each program) takes most of the demo's time, about 20 s on two
-quiet cores (``benchmarks/demo_time.py`` measures it; ``--no-execute`` skips it).
+tracing, prediction and search take seconds; compiling and running layouts on 8 virtual
+CPU devices takes most of the demo's time (``benchmarks/demo_time.py`` measures it;
+``--no-execute`` skips it): the search runs its :data:`VERIFY_K` best predicted layouts
+and keeps the measured fastest (``search(..., verify=k)``, section 5), and section 6 runs
+the paper's named layouts beside it, reusing section 5's runs and unsharded reference.
+With ``--hardware`` naming other hardware the search is for that target and nothing is
+measured to choose between its layouts.
 
 Two hardware profiles are kept apart: the *target* (``--hardware``, default the local
 devices) that predictions and the search are for, and the *local* profile of the devices

@@ -139,3 +139,21 @@ def test_verify_runs_layouts_with_different_rules_by_default(cpu_devices):
     rules = [str(type(v.layout)(v.layout.rules).canonical()) + v.layout.remat for v in r.verified]
     assert len(r.verified) == 3 and len(set(rules)) == 3
     assert any(v.layout.storage for v in r.verified)
+
+
+def test_measure_compares_every_run_with_one_reference(cpu_devices):
+    """measure's error figures equal execute's own (its reference run per layout), and its
+    timing is the interleaved rounds'."""
+    from autolayout.exec import execute
+    from autolayout.exec.runner import make_args
+    from autolayout.exec.verify import measure
+
+    g = small()
+    layouts = ["batch:rows;hidden:cols", "hidden:rows,cols"]
+    runs = measure(g, MESH, layouts, hardware="cpu", repeats=3, devices=cpu_devices, compiler_options=FAST)
+    for lay, ex in zip(layouts, runs):
+        own = execute(g, MESH, lay, args=make_args(g, 0), hardware="cpu", repeats=1, devices=cpu_devices,
+                      compiler_options=FAST)
+        assert ex.max_abs_error == own.max_abs_error and ex.max_rel_error == own.max_rel_error
+        assert len(ex.step_times_s) == 3 and ex.step_time_s == statistics.median(ex.step_times_s)
+        assert ex.collectives_match

@@ -255,7 +255,7 @@ def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, re
 
 def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
                  time_limit_s: float, num_workers: int, random_seed: int, start: float,
-                 k: int, distinct: str = "layout") -> tuple[list[SearchResult], bool]:
+                 k: int, distinct: str = "layout", stop_above_s: float = math.inf) -> tuple[list[SearchResult], bool]:
     """The ``k`` best layouts for one remat policy, and whether that list is complete (every
     solve proven optimal, and ``k`` of them or no other layout fits)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
@@ -266,7 +266,7 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
     sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
-                      distinct_storage=distinct == "layout")
+                      distinct_storage=distinct == "layout", stop_above_s=stop_above_s)
     out, seen = [], set()
     for sol in sols:
         lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
@@ -289,7 +289,7 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
                                 num_variables=sol.num_variables, num_constraints=sol.num_constraints, mesh=mesh,
                                 tolerance_s=sol.tolerance_s, cp_sat_time_s=sol.solve_time_s,
                                 memory_rows=sol.memory_rows, notes=tuple(notes + sol.notes)))
-    complete = all(r.status == "OPTIMAL" for r in out) and (len(out) == k or sols[-1].end == "space")
+    complete = all(r.status == "OPTIMAL" for r in out) and (len(out) == k or sols[-1].end in ("space", "cutoff"))
     return out, complete
 
 
@@ -338,9 +338,11 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
         try:
+            # a policy's layouts slower than the k-th found so far cannot enter the k best
+            kth = sorted(r.cost.time_s for r in found)[k - 1] if len(found) >= k else math.inf
             rs, complete = _search_best(graph, mesh, hw, limit, policy, regions, shard_weight_update,
                                         max(left / (len(policies) - i), 0.05), num_workers, random_seed, start, k,
-                                        distinct)
+                                        distinct, kth)
         except SearchError as e:
             errors.append((f"remat={policy}", e))
             if e.reason == "time":

@@ -76,7 +76,7 @@ class Solved:
     tolerance_s: float
     notes: list = field(default_factory=list)
     peak_bytes: int = 0
-    end: str = ""  # solve_best's last point: why no next one came, "space" (none left that fits) or "time"
+    end: str = ""  # solve_best's last point: why no next one came: "space" (none left that fits), "time", "cutoff"
 
 
 NO_OTHER = "no other layout is left that fits memory_limit"  # solve_best: the space is exhausted
@@ -249,11 +249,14 @@ def exclude(lm: LayoutModel, point: Decoded, *, storage: bool = True) -> None:
 
 
 def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int, *, time_limit_s: float = 60.0,
-               workers: int = 2, seed: int = 0, distinct_storage: bool = True) -> list[Solved]:
+               workers: int = 2, seed: int = 0, distinct_storage: bool = True,
+               stop_above_s: float = math.inf) -> list[Solved]:
     """The ``k`` fastest distinct points that fit ``memory_limit``, fastest first.
 
     ``distinct_storage=False``: points with distinct rules (each with its best storage
-    sharding), rather than distinct rules or storage.
+    sharding), rather than distinct rules or storage. ``stop_above_s``: stop after the
+    first point slower than this (every later one is slower still; ``end == "cutoff"``) —
+    a caller that already knows ``k`` points this fast needs no more.
 
     After each solve a no-good cut (:func:`exclude`) forbids the point found and the model
     is solved again, so the ``i``-th solve's optimum is the ``i``-th best point (up to the
@@ -317,6 +320,9 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
             state["upper"], state["hint"] = units, sol.point
             continue
         out.append(sol)
+        if sol.status == "OPTIMAL" and sol.objective_s - sol.tolerance_s > stop_above_s and len(out) < k:
+            sol.end = "cutoff"
+            break
         if len(out) < k:
             exclude(lm, sol.point, storage=distinct_storage)
             state["hint"] = sol.point
