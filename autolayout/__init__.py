@@ -14,7 +14,10 @@ prices its run on the profile of the devices it runs on unless told otherwise)::
     run = autolayout.execute(g, "rows:2,cols:4", best.layout)         # Execution
     autolayout.report(g, "rows:2,cols:4", ["batch:rows,cols"], out="reports/mine")   # Report
 
-``autolayout.search`` and ``autolayout.report`` are plain functions. The packages of the
+``autolayout.search`` and ``autolayout.report`` are plain functions. ``autolayout.search``
+is :func:`autolayout.exec.verify.search`: the search layer's
+:func:`autolayout.search.api.search` plus ``verify=k`` (run the ``k`` best layouts on the
+local devices and return the measured fastest), which needs the execution layer. The packages of the
 same names stay importable by their full module names (``import autolayout.search.api``,
 ``from autolayout.search import solver``, ``from autolayout.report import Report``): they are
 imported here first, then the top-level names are bound to the functions, so later
@@ -38,7 +41,8 @@ from autolayout.version import __version__
 import autolayout.report  # noqa: E402,F401
 import autolayout.search  # noqa: E402,F401
 from autolayout.report import Report, report  # noqa: E402
-from autolayout.search.api import SearchResult, layout, mesh_shapes, search  # noqa: E402
+from autolayout.search.api import SearchResult, Verified, best_layouts, layout, mesh_shapes  # noqa: E402
+from autolayout.exec.verify import search  # noqa: E402  (search.api.search, plus verify=k)
 from autolayout.search.errors import SearchError  # noqa: E402
 
 # One name per line so that adding exports is a one-line change.
@@ -61,6 +65,8 @@ __all__ = [
     "Shape",
     "Tensor",
     "TraceError",
+    "Verified",
+    "best_layouts",
     "calibrate",
     "execute",
     "get_hardware",

@@ -188,7 +188,7 @@ def _run_predict(args: argparse.Namespace) -> int:
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from autolayout.search.api import search
+    from autolayout.exec.verify import search
     from autolayout.reporting.fmt import fmt_bytes, fmt_time, text_table
 
     if args.mesh is None and args.num_devices is None:
@@ -196,15 +196,26 @@ def _run_search(args: argparse.Namespace) -> int:
     if args.mesh is not None and args.num_devices is not None:
         raise ValueError(f"give --mesh or --num-devices, not both: --mesh {args.mesh} searches layouts on that mesh, "
                          f"--num-devices {args.num_devices} searches mesh shapes of that many devices too")
+    devices, label = None, _hardware_label(args)
+    if args.verify is not None:
+        if args.mesh is None:
+            raise ValueError(f"--verify {args.verify} runs layouts on a mesh: give --mesh (e.g. rows:2,cols:4) "
+                             "instead of --num-devices")
+        from autolayout.costmodel.devices import hardware_for_device
+        devices = _execution_devices(args.mesh)
+        if args.hardware_is_default:  # predictions for the devices that measure them
+            args.hardware = hardware_for_device(devices[0])
+            label = f"hardware {args.hardware.name}: the local devices' profile (--verify; choose with --hardware)"
     g = _graph(args)
     r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
                memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
-               time_limit_s=args.time_limit)
+               time_limit_s=args.time_limit, verify=args.verify, repeats=args.repeats, devices=devices)
     c = r.cost
     limit = args.memory_limit if args.memory_limit is not None else args.hardware.hbm_bytes
     limit_text = (f"{fmt_bytes(limit)} (--memory-limit)" if args.memory_limit is not None
                   else f"{fmt_bytes(limit)} (HBM of {args.hardware.name})")
-    lines = [f"{g.name}: best layout on mesh {r.mesh} ({_hardware_label(args)})", "",
+    what = (f"measured fastest of the {len(r.verified)} best predicted layouts" if r.verified else "best layout")
+    lines = [f"{g.name}: {what} on mesh {r.mesh} ({label})", "",
              f"  {str(r.layout) or '(replicated)'}", "",
              text_table([("status", r.status + ("" if r.status == "OPTIMAL" else " (fits; not proven fastest)")),
                          ("step time", fmt_time(c.time_s)),
@@ -221,13 +232,28 @@ def _run_search(args: argparse.Namespace) -> int:
         lines += ["", "  meshes tried:", text_table(
             [(str(m), fmt_time(t) if t is not None else why[failed[str(m)]]) for m, t in r.meshes],
             ("mesh", "best time"))]
+    if r.verified:
+        rows = [("*" if v.layout == r.layout else "", i + 1, str(v.layout) or "(replicated)",
+                 fmt_time(v.predicted_time_s), fmt_time(v.measured_time_s) if v.ok else "-",
+                 fmt_bytes(v.memory_bytes), "ok" if v.ok else "error: " + v.error)
+                for i, v in enumerate(r.verified)]
+        win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout)
+        lines += ["", f"  verified: the {len(r.verified)} best predicted layouts run on {len(devices)} "
+                      f"{devices[0].platform} devices, median of {args.repeats} interleaved rounds:",
+                  text_table(rows, ("", "#", "layout", "predicted", "measured", "memory/device", "result"), "<><>>><"),
+                  "", f"  winner: #{win + 1} (the measured fastest; * above)"]
     if r.notes:
         lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
     data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
             "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
             "num_constraints": r.num_constraints, "memory_limit_bytes": limit, "hardware": args.hardware.name,
             "cost": _cost_dict(c), "notes": list(r.notes),
-            "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes]}
+            "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes],
+            "verified": [{"layout": str(v.layout), "predicted_time_s": v.predicted_time_s,
+                          "measured_time_s": v.measured_time_s, "measured_times_s": list(v.measured_times_s),
+                          "memory_bytes": v.memory_bytes, "max_rel_error": v.max_rel_error,
+                          "collectives_match": v.collectives_match, "ok": v.ok, "error": v.error,
+                          "chosen": v.layout == r.layout} for v in r.verified]}
     return _emit(args, data, "\n".join(lines))
 
 
@@ -418,7 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "search", "find the fastest layout under the cost model (CP-SAT, exact)",
              "autolayout search transformer_lm --mesh rows:4,cols:2 --hardware tpu-v4\n"
-             "autolayout search mlp --batch 4096 --num-devices 8 --memory-limit 16GiB --json", model=True)
+             "autolayout search mlp --batch 4096 --num-devices 8 --memory-limit 16GiB --json\n"
+             "autolayout search mlp --batch 4096 --mesh rows:2,cols:4 --verify 3", model=True)
     p.add_argument("--mesh", type=MESH, default=None, help="e.g. rows:4,cols:2")
     p.add_argument("--num-devices", type=POSITIVE, default=None, help="search mesh shapes of N devices too")
     p.add_argument("--max-axes", type=POSITIVE, default=3, help="most mesh axes with --num-devices (default 3)")
@@ -427,6 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes per device, e.g. 16GiB or 16GB (default: the --hardware profile's HBM)")
     p.add_argument("--no-weight-update-sharding", action="store_true", help="do not shard weight updates")
     p.add_argument("--time-limit", type=SECONDS, default=60, help="solver time limit in seconds (default 60)")
+    p.add_argument("--verify", type=POSITIVE, default=None, metavar="K",
+                   help="run the K best predicted layouts on the local devices and return the measured fastest "
+                        "(predictions for the local devices' profile unless --hardware is given)")
+    p.add_argument("--repeats", type=POSITIVE, default=5, help="timed rounds per layout with --verify (default 5)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_search)
 
@@ -507,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     args.hardware_is_default = not any(a == "--hardware" or a.startswith("--hardware=") for a in argv)
     try:
-        if args.command in ("demo", "execute", "calibrate", "report"):
+        if args.command in ("demo", "execute", "calibrate", "report") or getattr(args, "verify", None):
             # before jax starts: 8 virtual CPU devices, unless the user chose (JAX_NUM_CPU_DEVICES).
             # Never more behind the user's back: a mesh larger than the devices is an error
             # that says how to get more.

@@ -3,9 +3,13 @@
 Each section is a function that takes the :class:`Demo` state, prints its part and
 may add to the state; :data:`SECTIONS` lists them in order, so a new stage is one
 function and one entry. Sizes are the zoo's defaults (``models.transformer_lm()``):
-tracing, prediction and search take seconds; executing four layouts on 8 virtual CPU
-devices (compiling each program) takes most of the demo's time, about 20 s on two
-quiet cores (``benchmarks/demo_time.py`` measures it; ``--no-execute`` skips it).
+tracing, prediction and search take seconds; compiling and running layouts on 8 virtual
+CPU devices takes most of the demo's time (``benchmarks/demo_time.py`` measures it;
+``--no-execute`` skips it): the search runs its :data:`VERIFY_K` best predicted layouts
+and keeps the measured fastest (``search(..., verify=k)``, section 5), and section 6 runs
+the paper's named layouts beside it, reusing section 5's runs and unsharded reference.
+With ``--hardware`` naming other hardware the search is for that target and nothing is
+measured to choose between its layouts.
 
 Two hardware profiles are kept apart: the *target* (``--hardware``, default the local
 devices) that predictions and the search are for, and the *local* profile of the devices
@@ -232,18 +236,42 @@ def section_predict(demo: Demo) -> None:
     print("\n  (no device is needed to predict: `autolayout predict transformer_lm --hardware tpu-v4 ...`)")
 
 
+VERIFY_K = 3  # layouts the search hands to the measurement (section 5); each is compiled and run once
+
+
 def section_search(demo: Demo) -> None:
-    """Find the provably fastest layout under the cost model with CP-SAT."""
-    header("5. Search: the fastest layout under the cost model (CP-SAT)")
+    """Find the fastest layouts under the cost model with CP-SAT, run the best few here and
+    keep the measured fastest (``search(..., verify=k)``)."""
+    devices = demo.extras.get("devices")
+    measure = demo.execute and devices is not None and demo.local is not None and not demo.other_target
+    header("5. Search: the fastest layouts under the cost model (CP-SAT), measured here"
+           if measure else "5. Search: the fastest layout under the cost model (CP-SAT)")
     try:
         from autolayout.search.api import search
     except ImportError as exc:
         print(f"  search unavailable in this installation: {exc}")
         return
-    r = search(demo.graph, demo.mesh, hardware=demo.hardware)
+    if measure:
+        from autolayout.exec.verify import verify
+        compile_cache_dir()  # the runs below compile too
+        r = verify(demo.graph, demo.mesh, VERIFY_K, hardware=demo.hardware, repeats=demo.repeats, devices=devices)
+    else:
+        r = search(demo.graph, demo.mesh, hardware=demo.hardware)
     demo.extras["search"] = r
     print(f"  {r.status} in {r.solve_time_s:.2f} s ({r.num_variables} variables, {r.num_constraints} constraints), "
           f"gap {r.gap:.1%}")
+    if r.verified:
+        print(f"  the {len(r.verified)} best predicted layouts, each run on {len(devices)} {devices[0].platform.upper()} "
+              f"devices ({demo.repeats} rounds, one step of each per round; median):")
+        rows = [("*" if v.layout == r.layout else "", i + 1, short_layout(v.layout, 56), fmt_time(v.predicted_time_s),
+                 fmt_time(v.measured_time_s) if v.ok else "-", "ok" if v.ok else v.error[:40])
+                for i, v in enumerate(r.verified)]
+        table(rows, ("", "#", "layout", "predicted", "measured", ""), "<><>><")
+        win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout) + 1
+        print(f"  chosen: #{win}, the measured fastest (*)" + (" — also the predicted fastest" if win == 1 else ""))
+    elif demo.execute and demo.other_target:
+        print(f"  (the search is for {demo.hardware.name}, not these devices: its layouts are not measured here "
+              "to choose between them)")
     print(f"  layout: {short_layout(r.layout, 120)}")
     best_named = min(((n, c) for n, c in demo.extras["costs"].items()), key=lambda nc: nc[1].time_s)
     print(f"  predicted {fmt_time(r.cost.time_s)} per step (compute {fmt_time(r.cost.compute_s)}, comm "
@@ -258,6 +286,15 @@ def section_search(demo: Demo) -> None:
             2: "also keep their gradients sharded (ZeRO-2)", 3: "are stored sharded and gathered per use (ZeRO-3)"}
     for stage, n in sorted(stages.items()):
         print(f"  storage sharding: {n} {'entry' if n == 1 else 'entries'} {what.get(stage, f'at stage {stage}')}")
+
+
+def _measured(demo: Demo, lay: Any) -> Any:
+    """The run of ``lay`` made by the search's measurement (section 5), if there is one."""
+    r = demo.extras.get("search")
+    for v in getattr(r, "verified", ()):
+        if v.execution is not None and v.layout.canonical() == lay.canonical():
+            return v.execution
+    return None
 
 
 def _layouts_to_run(demo: Demo) -> list[tuple[str, Any]]:
@@ -288,7 +325,7 @@ def section_execute(demo: Demo) -> None:
         print(f"  skipped: {demo.extras.get('devices_note')}")
         return
     try:
-        from autolayout.exec import execute
+        from autolayout.exec.verify import measure
     except ImportError as exc:
         print(f"  execution unavailable in this installation: {exc}")
         return
@@ -297,24 +334,28 @@ def section_execute(demo: Demo) -> None:
     from autolayout.costmodel.predict import predict
     todo = _layouts_to_run(demo)
     print(f"  {len(todo)} layouts on {len(devices)} {devices[0].platform.upper()} devices: compile, run once, "
-          f"time {demo.repeats} runs, compare with the unsharded reference")
+          f"time {demo.repeats} rounds (one step of each per round), compare with the unsharded reference")
     cache = compile_cache_dir()
     if cache:
         print(f"  compiled programs are cached in {cache}: a second run skips compiling them")
-    results = []
+    results = [LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
+               for name, lay in todo]
     t0 = time.perf_counter()
-    with Progress(len(todo), "executing", enabled=demo.progress) as bar:
-        for name, lay in todo:
-            bar.start(name)
-            res = LayoutResult(name, lay, cost=predict(demo.graph, demo.mesh, lay, hardware=demo.hardware))
-            try:
-                res.execution = execute(demo.graph, demo.mesh, lay, hardware=demo.local, repeats=demo.repeats,
-                                        devices=devices)
-                bar.advance(f"{res.execution.step_time_s * 1e3:.1f} ms")
-            except (ValueError, NotImplementedError) as exc:
-                res.error = "execution failed: " + " ".join(str(exc).split())
-                bar.advance("failed")
-            results.append(res)
+    for res in results:
+        res.execution = _measured(demo, res.layout)  # run in section 5: not compiled again
+    again = [res for res in results if res.execution is None]
+    if len(again) < len(results):
+        print(f"  ({len(results) - len(again)} of them already ran in section 5: their runs are reused)")
+    with Progress(1, "executing", enabled=demo.progress and bool(again)) as bar:
+        bar.start(", ".join(res.name for res in again))
+        runs = measure(demo.graph, demo.mesh, [res.layout for res in again], hardware=demo.local,
+                       repeats=demo.repeats, devices=devices) if again else []
+        for res, run in zip(again, runs):
+            if isinstance(run, str):
+                res.error = "execution failed: " + run
+            else:
+                res.execution = run
+        bar.advance(f"{len(again)} layouts")
     demo.extras["results"] = results
     print(f"  done in {time.perf_counter() - t0:.1f} s")
 

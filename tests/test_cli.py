@@ -345,3 +345,49 @@ def test_every_output_names_its_hardware(args, capsys):
 def test_hardware_listing_marks_the_default(capsys):
     code, out, _ = run(["hardware"], capsys)
     assert code == 0 and "tpu-v3 (default)" in out and out.count("(default)") == 1
+
+
+# ------------------------------------------------------ measure in the loop (issue 12.6)
+SMALL = ["mlp", "--batch", "256", "--d-io", "128", "--d-hidden", "512"]
+
+
+def test_search_verify_prints_the_table_and_the_winner(capsys):
+    code, out, err = run(["search", *SMALL, *MESH, "--verify", "3", "--repeats", "2",
+                          "--no-weight-update-sharding"], capsys)
+    assert code == 0, err
+    assert "measured fastest of the 3 best predicted layouts" in out
+    assert "hardware cpu: the local devices' profile" in out  # not the default target tpu-v3
+    assert "predicted" in out and "measured" in out and "winner: #" in out
+    table = out[out.index("verified:"):out.index("winner:")]
+    assert len([line for line in table.splitlines() if line.rstrip().endswith(" ok")]) == 3
+    assert len([line for line in table.splitlines() if line.lstrip().startswith("* ")]) == 1
+
+
+def test_search_verify_json(capsys):
+    data = run_json(["search", *SMALL, *MESH, "--verify", "2", "--repeats", "2", "--hardware", "cpu"], capsys)
+    rows = data["verified"]
+    assert len(rows) == 2 and all(r["ok"] and r["error"] == "" for r in rows)
+    assert [r["chosen"] for r in rows].count(True) == 1
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["layout"] == data["layout"]
+    assert chosen["measured_time_s"] == min(r["measured_time_s"] for r in rows)
+    assert all(len(r["measured_times_s"]) == 2 for r in rows)
+    assert data["hardware"] == "cpu"
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--verify", "0"], ["--verify", "positive integer", "'0'"]),
+    (["--verify", "-3"], ["--verify", "positive integer", "'-3'"]),
+    (["--verify", "two"], ["--verify"]),
+    (["--verify", "2", "--hardware", "tpu-v4"], ["hardware='tpu-v4' is the built-in profile of other hardware"]),
+], ids=["zero", "negative", "not-a-number", "other-hardware"])
+def test_search_verify_bad_arguments(args, needles, capsys):
+    code, _, err = run(["search", *SMALL, *MESH, *args], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, *needles)
+
+
+def test_search_verify_needs_a_mesh(capsys):
+    code, _, err = run(["search", *SMALL, "--num-devices", "8", "--verify", "2"], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, "--verify 2 runs layouts on a mesh: give --mesh")

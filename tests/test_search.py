@@ -563,3 +563,189 @@ def _storage_choices(g, lay):
         except LayoutError:  # e.g. a storage shard the layout cannot hold
             continue
         yield entries
+
+
+# ------------------------------------------------------- k best layouts (issue 12.6)
+def _swap_axes(lay: Layout, a: str, b: str) -> str:
+    """``lay`` with mesh axes ``a`` and ``b`` exchanged (rules and storage), as a canonical string."""
+    sw = {a: b, b: a}
+    rules = [(d, tuple(sw.get(x, x) for x in axes)) for d, axes in lay.rules]
+    storage = [(p, tuple(sw.get(x, x) for x in axes), st) for p, axes, st in lay.storage]
+    return str(Layout(rules, storage).canonical())
+
+
+def ranked_by_enumeration(g, mesh, hw, memory_limit=INF, storage=False, symmetric=()):
+    """Predicted time of every distinct layout that fits, fastest first, by enumerating
+    layouts (and, with ``storage``, every per-parameter storage choice of storage_oracle)
+    and pricing each with predict; layouts equal up to exchanging the ``symmetric`` axes
+    count once."""
+    mesh, hw = Mesh.parse(mesh), get_hardware(hw)
+    params = [t.name for t in g.params()]
+    seen, out = set(), []
+    for lay in enumerate_layouts(g, mesh):
+        combos = [()]
+        if storage:
+            choices = []
+            for p in params:
+                ok = []
+                for r in range(1, len(mesh) + 1):
+                    for axes in itertools.combinations(mesh.axis_names, r):
+                        try:
+                            predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hardware=hw)
+                            ok.append(axes)
+                        except LayoutError:
+                            pass
+                top = [a for a in ok if not any(set(a) < set(b) for b in ok)]
+                options = [None]
+                for a in top:  # a stage with the same effect as a lower one is the same layout (search/wus.py)
+                    effects = []
+                    for s in (1, 2, 3):
+                        try:
+                            c = predict(g, mesh, Layout(lay.rules, [(p, a, s)]), hardware=hw)
+                        except LayoutError:
+                            continue
+                        effect = (c.time_s, c.memory_bytes, tuple(sorted(c.memory.items())))
+                        if effect not in effects:
+                            effects.append(effect)
+                            options.append((p, a, s))
+                choices.append(options)
+            combos = [tuple(c for c in combo if c is not None) for combo in itertools.product(*choices)]
+        for entries in combos:
+            full = Layout(lay.rules, list(entries))
+            try:
+                c = predict(g, mesh, full, hardware=hw)
+            except LayoutError:
+                continue  # e.g. stage 1 where the gradient path is not linear
+            key = min([str(full.canonical())] + [_swap_axes(full, *symmetric)] if symmetric else [str(full.canonical())])
+            if c.memory_bytes <= memory_limit and key not in seen:
+                seen.add(key)
+                out.append((c.time_s, key))
+    return sorted(out)
+
+
+def assert_k_best(rs, want, k):
+    """The returned layouts are the k best of the enumeration, by time (ties in any order)."""
+    from autolayout.search.api import best_layouts  # noqa: F401  (the function under test)
+    assert len(rs) == min(k, len(want))
+    assert len({str(r.layout) for r in rs}) == len(rs), "distinct layouts"
+    got = [r.cost.time_s for r in rs]
+    assert got == sorted(got), "fastest first"
+    tol = max(r.tolerance_s for r in rs)
+    assert got == pytest.approx([t for t, _ in want[:len(rs)]], rel=1e-9, abs=tol)
+    for r in rs:
+        assert r.status == "OPTIMAL"
+        assert r.cost.time_s == pytest.approx(r.objective_s, rel=1e-9, abs=r.tolerance_s)
+
+
+@pytest.mark.parametrize("name, mesh, limit_frac, k", [
+    ("mlp", "rows:4,cols:2", None, 7), ("mlp", "rows:4,cols:2", 0.6, 4), ("moe", "rows:4,cols:2", None, 7),
+    ("moe", "rows:4,cols:2", 0.5, 7),
+], ids=lambda v: str(v))
+def test_best_layouts_are_the_k_best_of_the_enumeration(name, mesh, limit_frac, k):
+    from autolayout.search.api import best_layouts
+
+    g, hw = graph(name), "tpu-v3"
+    limit = INF
+    if limit_frac is not None:
+        limit = int(predict(g, mesh, "batch:rows,cols", hardware=hw).memory_bytes * limit_frac)
+    want = ranked_by_enumeration(g, mesh, hw, limit)
+    assert len(want) > k
+    if limit_frac is not None:  # the limit binds: some layouts among the fastest do not fit
+        everything = ranked_by_enumeration(g, mesh, hw)
+        assert [t for t, _ in everything[:k]] != [t for t, _ in want[:k]]
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=limit, shard_weight_update=False, **MTF)
+    assert_k_best(rs, want, k)
+    assert all(r.cost.memory_bytes <= limit for r in rs)
+
+
+def test_best_layouts_count_interchangeable_axes_once():
+    """On a 2x2 mesh (both axes alike) layouts equal up to exchanging rows and cols count once."""
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = graph("moe"), "rows:2,cols:2", "tpu-v3", 8
+    want = ranked_by_enumeration(g, mesh, hw, symmetric=("rows", "cols"))
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
+    assert_k_best(rs, want, k)
+    keys = {min(str(r.layout.canonical()), _swap_axes(r.layout, "rows", "cols")) for r in rs}
+    assert len(keys) == k
+
+
+@pytest.mark.parametrize("limit_frac", [None, 0.5], ids=["no-limit", "tight-memory"])
+def test_best_layouts_with_storage_are_the_k_best_of_the_enumeration(limit_frac):
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = adam_mlp(4096, 1024, 4096), "rows:4,cols:2", "tpu-v3", 6
+    limit = INF
+    if limit_frac is not None:
+        limit = int(predict(g, mesh, "batch:rows,cols", hardware=hw).memory_bytes * limit_frac)
+    want = ranked_by_enumeration(g, mesh, hw, limit, storage=True)
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=limit)
+    assert_k_best(rs, want, k)
+    assert all(r.cost.memory_bytes <= limit for r in rs)
+    assert any(r.layout.storage for r in rs)
+
+
+def test_best_layouts_stop_when_no_other_layout_fits():
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw = graph("mlp_tiny"), "all:2", "tpu-v3"
+    want = ranked_by_enumeration(g, mesh, hw)
+    rs = best_layouts(g, mesh, len(want) + 3, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
+    assert_k_best(rs, want, len(want) + 3)
+    assert len(rs) == len(want) and any("no other layout" in n for n in rs[-1].notes)
+    assert str(rs[0].layout) == str(search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False,
+                                           **MTF).layout)
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, "3", True], ids=str)
+def test_best_layouts_bad_k(k):
+    from autolayout.search.api import best_layouts
+
+    with pytest.raises(LayoutError, match=r"k must be a positive integer \(how many layouts\), got"):
+        best_layouts(graph("mlp_tiny"), "all:2", k)
+
+
+def test_best_layouts_with_regions_and_remat_beat_every_other_layout_sampled():
+    """With region rules and the remat policies (too many layouts to enumerate here: 3 x 4489),
+    the k best are distinct, the first is search's, and no layout of a random sample of the
+    enumeration that is not among them is faster than the k-th."""
+    import random
+
+    from autolayout.remat import rematerialize
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = graph("transformer"), "rows:4,cols:2", "tpu-v3", 4
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    assert len(rs) == k and len({str(r.layout.canonical()) for r in rs}) == k
+    assert [r.cost.time_s for r in rs] == sorted(r.cost.time_s for r in rs)
+    best = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False)
+    assert rs[0].cost.time_s == pytest.approx(best.cost.time_s, rel=1e-9, abs=best.tolerance_s)
+    chosen = {str(r.layout.canonical()) for r in rs}
+    rng = random.Random(0)
+    sample = []
+    for policy in ("none", "full", "dots"):
+        layouts = list(enumerate_layouts(rematerialize(g, policy), Mesh.parse(mesh), regions=True))
+        strong = [Layout(x) for x in ("batch:rows,cols", "batch:rows;heads:cols;d_ff:cols;vocab:cols",
+                                      "batch:rows;d_ff:cols", "batch:rows;heads:cols")]
+        sample += [lay.with_remat("" if policy == "none" else policy) for lay in rng.sample(layouts, 30) + strong]
+    tol = max(r.tolerance_s for r in rs)
+    for lay in sample:
+        if str(lay.canonical()) not in chosen:
+            assert predict(g, mesh, lay, hardware=hw).time_s >= rs[-1].cost.time_s - tol, str(lay)
+
+
+def test_best_layouts_with_distinct_rules_are_the_k_best_rule_sets():
+    """distinct="rules": the k best rule sets, each with its fastest storage sharding (enumerated)."""
+    from autolayout.search.api import best_layouts
+
+    g, mesh, hw, k = adam_mlp(4096, 1024, 4096), "rows:4,cols:2", "tpu-v3", 5
+    per_rules: dict = {}
+    for t, key in ranked_by_enumeration(g, mesh, hw, storage=True):
+        rules = key.split("|")[0]
+        per_rules[rules] = min(per_rules.get(rules, math.inf), t)
+    want = sorted((t, r) for r, t in per_rules.items())
+    rs = best_layouts(g, mesh, k, hardware=hw, memory_limit=INF, distinct="rules")
+    assert_k_best(rs, want, k)
+    assert len({str(Layout(r.layout.rules).canonical()) for r in rs}) == k
+    with pytest.raises(LayoutError, match="distinct must be 'layout'"):
+        best_layouts(g, mesh, k, distinct="storage")

@@ -6,8 +6,11 @@
 >>> str(layout(g, "all:8", shard_weight_update=False))
 'batch:all'
 
-``autolayout.search`` (the top-level name) is the function :func:`~autolayout.search.api.search`;
-this package stays importable by its full module names (``import autolayout.search.api``).
+``autolayout.search`` (the top-level name) is the function :func:`autolayout.exec.verify.search`:
+:func:`~autolayout.search.api.search` plus ``verify=k`` (which runs layouts, so it lives in
+the execution layer); this package stays importable by its full module names
+(``import autolayout.search.api``, ``from autolayout.search import best_layouts``).
+:func:`~autolayout.search.api.best_layouts` gives the ``k`` best distinct layouts.
 
 Modules: ``space`` (valid layouts, the exhaustive :func:`enumerate_layouts`),
 ``tables`` (cost-model figures per dim group and assignment), ``wus``
@@ -18,8 +21,9 @@ the first search does.
 """
 from __future__ import annotations
 
-from autolayout.search.api import SearchResult, layout, mesh_shapes, search
+from autolayout.search.api import SearchResult, Verified, best_layouts, layout, mesh_shapes, search
 from autolayout.search.errors import SearchError, SearchWarning
 from autolayout.search.space import enumerate_layouts
 
-__all__ = ["SearchError", "SearchResult", "SearchWarning", "enumerate_layouts", "layout", "mesh_shapes", "search"]
+__all__ = ["SearchError", "SearchResult", "SearchWarning", "Verified", "best_layouts", "enumerate_layouts", "layout",
+           "mesh_shapes", "search"]

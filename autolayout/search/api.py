@@ -18,7 +18,56 @@ from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
 from autolayout.units import SizeError, parse_bytes
 
-__all__ = ["SearchResult", "SearchWarning", "layout", "mesh_shapes", "search"]
+__all__ = ["SearchResult", "SearchWarning", "Verified", "best_layouts", "layout", "mesh_shapes", "search"]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One of the ``k`` best predicted layouts, run on the local devices (``search(..., verify=k)``).
+
+    ``predicted_time_s`` and ``memory_bytes`` are ``predict``'s for the profile the search
+    used (that of the devices that ran it); ``measured_time_s`` is the median of
+    ``measured_times_s``, timed in rounds interleaved across the ``k`` layouts (NaN when
+    the run failed); ``error`` says why it failed (``""`` when it ran). ``max_rel_error``
+    is the run's largest relative difference from the unsharded step (NaN without a
+    reference run) and ``collectives_match`` whether the compiled collectives are the
+    predicted ones.
+    """
+
+    layout: Layout
+    predicted_time_s: float
+    measured_time_s: float
+    memory_bytes: int
+    measured_times_s: tuple[float, ...] = ()
+    max_rel_error: float = float("nan")
+    collectives_match: bool | None = None
+    error: str = ""
+    execution: Any = field(default=None, compare=False, repr=False)  # the run (an Execution), when it ran
+
+    @property
+    def ok(self) -> bool:
+        """Whether the layout ran and was timed."""
+        return not self.error
+
+
+def verified_table(rows: tuple[Verified, ...], chosen: Layout | None = None) -> str:
+    """The rows as a text table, predicted order, the ``chosen`` one marked ``*``."""
+    def ms(t: float) -> str:
+        return "-" if t != t else f"{t * 1e3:.3f} ms"
+
+    head = ("", "#", "layout", "predicted", "measured", "memory/device", "result")
+    body = [("*" if chosen is not None and r.layout == chosen else "", str(i + 1), str(r.layout) or "(replicated)",
+             ms(r.predicted_time_s), ms(r.measured_time_s), f"{r.memory_bytes / 2 ** 20:.1f} MiB",
+             "ok" if r.ok else "error: " + r.error)
+            for i, r in enumerate(rows)]
+    width = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    right = {1, 3, 4, 5}
+
+    def line(cells: tuple) -> str:
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, width))).rstrip()
+
+    return "\n".join([line(head)] + [line(b) for b in body])
 
 
 @dataclass(frozen=True)
@@ -55,12 +104,17 @@ class SearchResult:
     meshes: tuple = ()
     mesh_failures: tuple = ()
     notes: tuple = field(default=())
+    verified: tuple[Verified, ...] = ()
 
     def summary(self) -> str:
         lay = str(self.layout) or "(replicated)"
-        return (f"{self.status} on mesh {self.mesh}: {lay!r} — {self.cost.summary()}; "
+        text = (f"{self.status} on mesh {self.mesh}: {lay!r} — {self.cost.summary()}; "
                 f"gap {self.gap:.2%}, {self.num_variables} variables, {self.num_constraints} constraints, "
                 f"{self.solve_time_s:.3f} s")
+        if self.verified:
+            text += (f"\nverified: the measured fastest of the {len(self.verified)} best predicted layouts (*), "
+                     f"on {self.cost.hardware.name}:\n" + verified_table(self.verified, self.layout))
+        return text
 
 
 def layout(graph: Graph, mesh: Any, *, hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None,
@@ -125,11 +179,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
     start = time.perf_counter()
     require_graph(graph, "search")
     hw = get_hardware(hardware)
-    try:
-        limit = float(hw.hbm_bytes if memory_limit is None else parse_bytes(memory_limit))
-    except SizeError as exc:
-        raise SearchError(f"memory_limit must be a positive number of bytes per device or a size such as "
-                          f"'16GiB' or '16GB', got {memory_limit!r}") from exc
+    limit = _memory_limit(hw, memory_limit)
     if mesh is None:
         if num_devices is None:
             raise LayoutError("search needs a mesh (e.g. 'rows:4,cols:2') or num_devices=N")
@@ -139,12 +189,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
         raise LayoutError(f"mesh {Mesh.parse(mesh)} has {Mesh.parse(mesh).size} devices, "
                           f"not num_devices={num_devices}; give one of them")
     mesh = Mesh.parse(mesh)
-    if remat is None:
-        # "full" first: it fits whenever anything does, and its time bounds the other
-        # policies' models (Dominated: proven no faster), which then solve quickly
-        policies = ["full", "dots", "none"] if remat_pairs(graph) else ["none"]
-    else:
-        policies = [remat or "none"]
+    policies = _policies(graph, remat)
     results, errors, slower = [], [], []
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
@@ -159,6 +204,24 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
             errors.append((f"remat={policy}", e))
     r = _best_of(results, errors, limit, start)
     return dataclasses.replace(r, notes=r.notes + tuple(slower)) if slower else r
+
+
+def _memory_limit(hw: Any, memory_limit: float | str | None) -> float:
+    """``memory_limit`` in bytes per device (default the profile's HBM)."""
+    try:
+        return float(hw.hbm_bytes if memory_limit is None else parse_bytes(memory_limit))
+    except SizeError as exc:
+        raise SearchError(f"memory_limit must be a positive number of bytes per device or a size such as "
+                          f"'16GiB' or '16GB', got {memory_limit!r}") from exc
+
+
+def _policies(graph: Graph, remat: str | None) -> list[str]:
+    """The remat policies to search (see :func:`search`)."""
+    if remat is None:
+        # "full" first: it fits whenever anything does, and search() bounds the later
+        # policies' models by the best time so far (solver.Dominated: proven no faster)
+        return ["full", "dots", "none"] if remat_pairs(graph) else ["none"]
+    return [remat or "none"]
 
 
 def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]], limit: float,
@@ -195,31 +258,122 @@ def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, re
                 time_limit_s: float, num_workers: int, random_seed: int, start: float,
                 upper_s: float | None = None) -> SearchResult:
     """The exact search for one remat policy (``upper_s``: see ``solver.solve``)."""
+    return _search_best(graph, mesh, hw, limit, policy, regions, shard, time_limit_s, num_workers, random_seed,
+                        start, 1, upper_s=upper_s)[0][0]
+
+
+def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
+                 time_limit_s: float, num_workers: int, random_seed: int, start: float,
+                 k: int, distinct: str = "layout", stop_above_s: float = math.inf,
+                 upper_s: float | None = None) -> tuple[list[SearchResult], bool]:
+    """The ``k`` best layouts for one remat policy, and whether that list is complete (every
+    solve proven optimal, and ``k`` of them or no other layout fits)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
     # `import autolayout` cheap; it is a lower module of this package, not a cycle
-    from autolayout.search.solver import layout_of, solve
+    from autolayout.search.solver import layout_of, solve_best
 
     g = rematerialize(graph, policy)
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
-    sol = solve(tables, wus, limit, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
-                upper_s=upper_s)
-    lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
-    cost = predict(graph, mesh, lay, hardware=hw)
-    if math.isfinite(limit) and cost.memory_bytes != sol.peak_bytes:
-        raise RuntimeError(f"internal: search memory {sol.peak_bytes} B != predict {cost.memory_bytes} B for "
-                           f"layout {str(lay)!r}; search/liveness.py no longer mirrors costmodel/memory.py")
-    if abs(cost.time_s - sol.objective_s) > sol.tolerance_s + 1e-9 * cost.time_s:
-        raise RuntimeError(f"internal: search objective {sol.objective_s!r} s != predict {cost.time_s!r} s for "
-                           f"layout {str(lay)!r}; search/tables.py or wus.py no longer mirror predict")
-    gap = (sol.objective_s - sol.bound_s) / sol.objective_s if sol.objective_s > 0 else 0.0
-    if sol.status == "OPTIMAL":
-        gap = 0.0
-    return SearchResult(layout=lay, cost=cost, status=sol.status, objective_s=sol.objective_s, bound_s=sol.bound_s,
-                        gap=max(gap, 0.0), solve_time_s=time.perf_counter() - start,
-                        num_variables=sol.num_variables, num_constraints=sol.num_constraints, mesh=mesh,
-                        tolerance_s=sol.tolerance_s, cp_sat_time_s=sol.solve_time_s,
-                        memory_rows=sol.memory_rows, notes=tuple(notes + sol.notes))
+    sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
+                      distinct_storage=distinct == "layout", stop_above_s=stop_above_s, upper_s=upper_s)
+    out, seen = [], set()
+    for sol in sols:
+        lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
+        if str(lay) in seen:
+            raise RuntimeError(f"internal: the search returned layout {str(lay)!r} twice; the no-good cuts of "
+                               f"search/solver.py no longer separate distinct layouts")
+        seen.add(str(lay))
+        cost = predict(graph, mesh, lay, hardware=hw)
+        if math.isfinite(limit) and cost.memory_bytes != sol.peak_bytes:
+            raise RuntimeError(f"internal: search memory {sol.peak_bytes} B != predict {cost.memory_bytes} B for "
+                               f"layout {str(lay)!r}; search/liveness.py no longer mirrors costmodel/memory.py")
+        if abs(cost.time_s - sol.objective_s) > sol.tolerance_s + 1e-9 * cost.time_s:
+            raise RuntimeError(f"internal: search objective {sol.objective_s!r} s != predict {cost.time_s!r} s for "
+                               f"layout {str(lay)!r}; search/tables.py or wus.py no longer mirror predict")
+        gap = (sol.objective_s - sol.bound_s) / sol.objective_s if sol.objective_s > 0 else 0.0
+        if sol.status == "OPTIMAL":
+            gap = 0.0
+        out.append(SearchResult(layout=lay, cost=cost, status=sol.status, objective_s=sol.objective_s,
+                                bound_s=sol.bound_s, gap=max(gap, 0.0), solve_time_s=time.perf_counter() - start,
+                                num_variables=sol.num_variables, num_constraints=sol.num_constraints, mesh=mesh,
+                                tolerance_s=sol.tolerance_s, cp_sat_time_s=sol.solve_time_s,
+                                memory_rows=sol.memory_rows, notes=tuple(notes + sol.notes)))
+    complete = all(r.status == "OPTIMAL" for r in out) and (len(out) == k or sols[-1].end in ("space", "cutoff"))
+    return out, complete
+
+
+def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HARDWARE,
+                 memory_limit: float | str | None = None, shard_weight_update: bool = True,
+                 time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
+                 remat: str | None = None, distinct: str = "layout") -> list[SearchResult]:
+    """The ``k`` layouts of ``graph`` on ``mesh`` with the smallest predicted step times, fastest first.
+
+    :func:`search` for the best, then again with each layout found forbidden (a no-good
+    cut on its split and storage choices, search/solver.py), so the ``i``-th is the
+    ``i``-th fastest distinct layout that fits ``memory_limit`` — different rules,
+    storage sharding, region rules or remat policy. Layouts that differ only by a
+    permutation of interchangeable mesh axes (same size and link: they cost the same)
+    count once. Each is a :class:`SearchResult` whose ``cost`` is ``predict``'s; its
+    ``status`` is ``OPTIMAL`` when its rank is proven. Fewer than ``k`` come back when
+    fewer layouts fit, or when ``time_limit_s`` (shared by all solves) runs out first;
+    the last result's ``notes`` say which, and a time-out makes every result
+    ``FEASIBLE`` (the ranking is then not proven). The other arguments are :func:`search`'s.
+
+    ``distinct="rules"`` counts layouts as distinct only when their rules (splits, region
+    rules) or remat policy differ, each with its fastest storage sharding: storage choices
+    that tie in time (ZeRO stages of small parameters, often) then do not fill the list
+    with near-copies of one layout.
+
+    Example::
+
+        top = autolayout.search.api.best_layouts(g, "rows:4,cols:2", 3)
+        [(str(r.layout), r.cost.time_s) for r in top]
+
+    Raises:
+        SearchError: as :func:`search` (no layout fits, or none was found in time).
+        LayoutError: ``k`` is not a positive integer.
+    """
+    start = time.perf_counter()
+    require_graph(graph, "best_layouts")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise LayoutError(f"k must be a positive integer (how many layouts), got {k!r}")
+    if distinct not in ("layout", "rules"):
+        raise LayoutError(f"distinct must be 'layout' (rules or storage differ) or 'rules', got {distinct!r}")
+    hw = get_hardware(hardware)
+    limit = _memory_limit(hw, memory_limit)
+    mesh = Mesh.parse(mesh)
+    policies = _policies(graph, remat)
+    found, errors, incomplete = [], [], []
+    for i, policy in enumerate(policies):
+        left = time_limit_s - (time.perf_counter() - start)
+        try:
+            # a policy's layouts slower than the k-th found so far cannot enter the k best
+            kth = sorted(r.cost.time_s for r in found)[k - 1] if len(found) >= k else math.inf
+            rs, complete = _search_best(graph, mesh, hw, limit, policy, regions, shard_weight_update,
+                                        max(left / (len(policies) - i), 0.05), num_workers, random_seed, start, k,
+                                        distinct, kth, upper_s=kth if math.isfinite(kth) else None)
+        except Dominated:
+            continue  # proven: no layout of this policy that fits is as fast as the k-th found
+        except SearchError as e:
+            errors.append((f"remat={policy}", e))
+            if e.reason == "time":
+                incomplete.append(f"remat={policy}: {' '.join(str(e).split())}")
+            continue
+        found += rs
+        if not complete:
+            incomplete.append(f"remat={policy}: the time limit ended the search before its {k} best were proven")
+    if not found:
+        _best_of([], errors, limit, start)  # raises the errors, as search does
+    found.sort(key=lambda r: (r.cost.time_s, bool(r.layout.remat)))  # equal times: without remat first
+    top = found[:k]
+    for r in top:
+        if r.cost.memory_bytes > limit:
+            raise RuntimeError(f"internal: search returned layout {str(r.layout)!r} with {r.cost.memory_bytes} B "
+                               f"per device, above memory_limit {limit:.6g} B")
+    if incomplete:
+        top = [dataclasses.replace(r, status="FEASIBLE", notes=r.notes + tuple(incomplete)) for r in top]
+    return top
 
 
 def mesh_shapes(num_devices: int, max_axes: int = 3) -> list[Mesh]:

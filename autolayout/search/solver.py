@@ -50,7 +50,7 @@ from autolayout.search.model import Decoded, LayoutModel, canonical_columns, eva
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
 
-__all__ = ["Dominated", "SearchError", "Solved", "greedy", "layout_of", "min_memory", "solve"]
+__all__ = ["Dominated", "SearchError", "Solved", "exclude", "greedy", "layout_of", "min_memory", "solve", "solve_best"]
 
 
 def layout_of(tables: Tables, point: Decoded) -> Layout:
@@ -76,7 +76,10 @@ class Solved:
     tolerance_s: float
     notes: list = field(default_factory=list)
     peak_bytes: int = 0
+    end: str = ""  # solve_best's last point: why no next one came: "space" (none left that fits), "time", "cutoff"
 
+
+NO_OTHER = "no other layout is left that fits memory_limit"  # solve_best: the space is exhausted
 
 # While no layout that fits the memory limit is known, each CP-SAT call is capped at
 # max(PROBE_S, PROBE_SHARE x the time limit), doubled while it finds no solution (a
@@ -229,45 +232,148 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
     fits (or before it has one), the warm start is returned if it fits (status
     ``FEASIBLE``, with a note), and otherwise :class:`SearchError` says so and what was
     found.
-
+    
     ``upper_s``: only layouts taking at most this long matter (a fitting layout that fast is
     known elsewhere, e.g. under another remat policy): the model is pruned with it and
     bounded by it, and :class:`Dominated` is raised when none of them fits — without
     minimising memory, which only an error message would need.
     """
+    return solve_best(tables, wus, memory_limit, 1, time_limit_s=time_limit_s, workers=workers, seed=seed,
+                      upper_s=upper_s)[0]
+
+
+def exclude(lm: LayoutModel, point: Decoded, *, storage: bool = True) -> None:
+    """Add the no-good cut that forbids exactly ``point``'s assignment: the clause "some
+    ``x[d, m]`` or storage ``w[p, o]`` differs from ``point``'s value" (every other
+    variable of the model — one-hots, overlap slacks — is a function of these). With
+    ``storage=False`` only the ``x`` (the rules) count: every storage choice of ``point``'s
+    rules is forbidden."""
+    lits = [v.Not() if a in point.axes_of.get(d, ()) else v for (d, a), v in lm.x.items()]
+    on = set(point.active)
+    if storage:
+        lits += [v.Not() if (k, j) in on else v for k, wk in enumerate(lm.w) for j, v in wk.items()]
+    if not lits:
+        lm.model.AddBoolOr([False])  # a space of one layout: nothing else is left
+    else:
+        lm.model.AddBoolOr(lits)
+
+
+def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int, *, time_limit_s: float = 60.0,
+               workers: int = 2, seed: int = 0, distinct_storage: bool = True,
+               stop_above_s: float = math.inf, upper_s: float | None = None) -> list[Solved]:
+    """The ``k`` fastest distinct points that fit ``memory_limit``, fastest first.
+
+    ``distinct_storage=False``: points with distinct rules (each with its best storage
+    sharding), rather than distinct rules or storage. ``stop_above_s``: stop after the
+    first point slower than this (every later one is slower still; ``end == "cutoff"``) —
+    a caller that already knows ``k`` points this fast needs no more.
+
+    After each solve a no-good cut (:func:`exclude`) forbids the point found and the model
+    is solved again, so the ``i``-th solve's optimum is the ``i``-th best point (up to the
+    permutations of interchangeable axes the model's symmetry breaking leaves out: those
+    layouts cost the same). Memory rows added on the way stay (they are true constraints).
+
+    Pruning (``LayoutModel.prune``) with a bound ``U`` removes only layouts whose objective
+    exceeds ``U``, so a point found with objective ``<= U`` is the best of those left. When
+    the ``i``-th solve finds one above ``U`` (the pruned-away layouts might be faster), that
+    point is itself a sound bound for the ``i``-th best: the model is rebuilt (memory rows
+    and cuts kept) and pruned with its objective, and solved again; when the pruned model has
+    no layout left, it is rebuilt unpruned. The warm start gives the first ``U``, as in
+    :func:`solve`.
+
+    Fewer than ``k`` come back when fewer layouts fit, or when the time limit (shared by all
+    solves) ends before the next one is found; the last point's ``notes`` and ``end`` then
+    say which. The first point is :func:`solve`'s, with its guarantees.
+    """
+    if int(k) != k or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
     start = time.perf_counter()
-    lm = LayoutModel(tables, wus)
-    if upper_s is not None and lm.obj_vars:
-        # every layout at most upper_s seconds has objective <= u (rounding: model.tolerance_s)
-        u = int(math.ceil((upper_s - lm.constant_s) / lm.unit)) + lm.terms + 1
-        if u < lm.lower_units():
-            raise Dominated()
-        lm.prune(u)
-        lm.model.Add(lm.objective <= u)
     points = live_points(tables.graph) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
     def peak(point: Decoded) -> tuple[int, int]:
         return peak_of(points, sizes_of(tables, wus, point)) if points else (0, 0)
 
-    hint = greedy(tables, wus)
-    warm = hint
+    out: list[Solved] = []
+
+    def bounded(lm: LayoutModel) -> LayoutModel:
+        """``lm`` with ``upper_s`` (see :func:`solve`) as a bound on its objective."""
+        if upper_s is not None and lm.obj_vars:
+            # every layout at most upper_s seconds has objective <= u (rounding: model.tolerance_s)
+            u = int(math.ceil((upper_s - lm.constant_s) / lm.unit)) + lm.terms + 1
+            if u < lm.lower_units():
+                raise Dominated()
+            lm.prune(u)
+            lm.model.Add(lm.objective <= u)
+        return lm
+
+    def build(rows: list, upper: int | None) -> LayoutModel:
+        lm = bounded(LayoutModel(tables, wus))
+        for names in rows:
+            lm.add_memory_row(names, limit)
+        for sol in out:
+            exclude(lm, sol.point, storage=distinct_storage)
+        if upper is not None:
+            lm.prune(upper)
+        return lm
+
+    lm = bounded(LayoutModel(tables, wus))
+    warm = greedy(tables, wus)
     warm_fits = peak(warm)[0] <= limit or not points
-    pruned = warm_fits
-    if warm_fits:
-        lm.prune(lm.units(hint))  # the warm start satisfies every constraint: its objective bounds
+    upper = lm.units(warm) if warm_fits else None
+    if upper is not None:
+        lm.prune(upper)  # the warm start satisfies every constraint: its objective bounds
+    state = {"hint": warm, "fit_known": warm_fits, "solve_s": 0.0, "upper": upper, "bounded": upper_s is not None}
+    while len(out) < k:
+        sol = _solve_next(tables, wus, lm, memory_limit, points, limit, peak, warm, warm_fits, state, start,
+                          time_limit_s, workers, seed, first=not out)
+        if sol == NO_OTHER and state["upper"] is not None:  # only the pruned model is exhausted
+            lm = build(lm.memory_rows, None)
+            state["upper"] = None
+            continue
+        if isinstance(sol, str):  # no further point: why
+            out[-1].notes.append(sol)
+            out[-1].end = "space" if sol == NO_OTHER else "time"
+            break
+        units = lm.units(sol.point)
+        if state["upper"] is not None and units > state["upper"]:  # see the docstring
+            lm = build(lm.memory_rows, units)
+            state["upper"], state["hint"] = units, sol.point
+            continue
+        out.append(sol)
+        if sol.status == "OPTIMAL" and sol.objective_s - sol.tolerance_s > stop_above_s and len(out) < k:
+            sol.end = "cutoff"
+            break
+        if len(out) < k:
+            exclude(lm, sol.point, storage=distinct_storage)
+            state["hint"] = sol.point
+    return out
+
+
+def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_limit: float, points: list,
+                limit: int, peak, warm: Decoded, warm_fits: bool, state: dict, start: float, time_limit_s: float,
+                workers: int, seed: int, *, first: bool) -> Solved | str:
+    """The best point of ``lm`` as it stands that fits, adding memory rows as needed.
+
+    For the first point, a time-out or an infeasible model is handled as :func:`solve`
+    documents; for later points (``first=False``) they end the list: the returned string
+    says why.
+    """
+    nth = "next best layout"
     notes: list[str] = []
-    solve_s = 0.0
+    hint = state["hint"]
     probe = max(PROBE_S, PROBE_SHARE * time_limit_s)
     while True:
         left = time_limit_s - (time.perf_counter() - start)
+        if not first and left <= 0:
+            return f"the time limit came before the search found the {nth}"
         lm.hint(hint)
         # Until a layout that fits is known, the model cannot be pruned and proving optimality
         # can take long: solve briefly, check the incumbent's memory, and either add the row it
         # violates or, once one fits, prune with its objective (a sound bound) and go on.
-        solver = _solver(left if pruned else min(left, probe), workers, seed)
+        solver = _solver(left if state["fit_known"] else min(left, probe), workers, seed)
         code = solver.Solve(lm.model)
-        solve_s += solver.WallTime()
+        state["solve_s"] += solver.WallTime()
         status = _status(code, lm.model)
         if status == "OPTIMAL" and abs(lm.units(lm.decode(solver.BooleanValue)) - solver.ObjectiveValue()) > lm.terms:
             # CP-SAT's objective disagrees with the model's own value of the layout it returned:
@@ -275,21 +381,25 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             solver = _solver(left, workers, seed)
             solver.parameters.cp_model_presolve = False
             code = solver.Solve(lm.model)
-            solve_s += solver.WallTime()
+            state["solve_s"] += solver.WallTime()
             status = _status(code, lm.model)
         if status == "INFEASIBLE":
-            if upper_s is not None:
+            if not first:
+                return NO_OTHER
+            if state["bounded"]:
                 raise Dominated()
             mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
         in_time = time.perf_counter() - start < time_limit_s
-        if status == "UNKNOWN" and not pruned and in_time:
+        if status == "UNKNOWN" and not state["fit_known"] and in_time:
             probe *= 2  # no incumbent within the probe: give CP-SAT longer
             continue
         if status == "UNKNOWN":  # the time limit came before CP-SAT had any solution
+            if not first:
+                return f"the time limit came before CP-SAT found the {nth}"
             bound = lm.seconds(_bound(lm, solver, None))
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
-                               solve_s, notes + ["the time limit came before CP-SAT found a solution"])
+                               state["solve_s"], notes + ["the time limit came before CP-SAT found a solution"])
         point = lm.decode(solver.BooleanValue)
         obj_units = solver.ObjectiveValue()
         bound = lm.seconds(_bound(lm, solver, obj_units))
@@ -300,16 +410,20 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
             left = time_limit_s - (time.perf_counter() - start)
             s2 = _solver(left, workers, seed)
             code2 = s2.Solve(m2)
-            solve_s += s2.WallTime()
+            state["solve_s"] += s2.WallTime()
             if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
         mem, at = peak(point)
-        if status == "FEASIBLE" and not pruned and in_time:  # a probe's incumbent
+        if status == "FEASIBLE" and not state["fit_known"] and in_time:  # a probe's incumbent
             if mem <= limit:  # it fits: its objective bounds every optimum
-                lm.prune(lm.units(point))
-                pruned = True
+                state["fit_known"] = True
+                if state["upper"] is None:
+                    state["upper"] = lm.units(point)
+                    lm.prune(state["upper"])
             elif not lm.add_memory_row(points[at], limit):
-                if upper_s is not None:
+                if not first:
+                    return NO_OTHER
+                if state["bounded"]:
                     raise Dominated()
                 mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
                 raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
@@ -323,16 +437,20 @@ def solve(tables: Tables, wus: list[WusParam], memory_limit: float, *, time_limi
         if time.perf_counter() - start >= time_limit_s:  # out of time with a layout over the limit
             over = (f"the time limit came while CP-SAT's best layout {str(layout_of(tables, point))!r} "
                     f"needed {mem} B per device, above memory_limit {limit} B")
+            if not first:
+                return f"the time limit came before the search found the {nth} that fits: {over}"
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
-                               solve_s, notes + [over])
+                               state["solve_s"], notes + [over])
         if not lm.add_memory_row(points[at], limit):
-            if upper_s is not None:
+            if not first:
+                return NO_OTHER
+            if state["bounded"]:
                 raise Dominated()
             mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
             raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
         hint = point
     nvar, ncons = lm.size()
-    return Solved(point, status, obj, min(bound, obj), solve_s, nvar, ncons, len(lm.memory_rows),
+    return Solved(point, status, obj, min(bound, obj), state["solve_s"], nvar, ncons, len(lm.memory_rows),
                   lm.tolerance_s(), notes, mem)
 
 
