@@ -1,7 +1,7 @@
 """Cost tables of the search: time per (dim group, assignment), bytes per tensor, symmetry.
 
 Every number here comes from the cost model itself (``costmodel.rules.op_cost``
-and ``costmodel.memory.tensor_bytes``), evaluated on the restriction of a
+and a plan's ``local_bytes`` and ``OpCost.transient_bytes``), evaluated on the restriction of a
 layout to the dims an op reads — which is all ``op_cost`` reads.
 
 **Dim groups.** The DESIGN's one-hot ``y[c, a]`` per signature class ``c`` is
@@ -88,6 +88,7 @@ class Tables:
         self.op_cost_calls = 0
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
+        self._transient: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
             for name in c.ops:
@@ -188,6 +189,18 @@ class Tables:
                            dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit
+
+    def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
+        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, as
+        ``predict`` counts them) for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._transient.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            hit = self._transient[op.name] = np.array(
+                [self.op_cost(op, dims, a).transient_bytes for a in g.assignments], dtype=np.int64)
+        return dims, hit
 
     def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:
         """Index in ``dims``' group of the restriction of a full ``axes_of`` (a region dim
