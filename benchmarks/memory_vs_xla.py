@@ -29,9 +29,8 @@ from typing import Any, Callable, Iterator
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
+import jax  # noqa: E402  (JAX_NUM_CPU_DEVICES above gives a script 8 devices; tests/conftest.py gives pytest 8)
 
-jax.config.update("jax_num_cpu_devices", 8)
 
 from autolayout import models, trace  # noqa: E402
 from autolayout.exec import execute  # noqa: E402
