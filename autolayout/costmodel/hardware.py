@@ -168,6 +168,9 @@ class Hardware:
             latency-hiding scheduler on TPU and GPU), so that overlappable ones hide
             behind it (:mod:`~autolayout.costmodel.overlap`); ``False`` prices every
             collective in line (XLA:CPU, or the synchronous schedule of Mesh-TF's Table 1).
+        all_reduce_in_place: whether XLA writes an all-reduce's result over its operand, so
+            that partial sums take no second buffer while they are reduced
+            (:func:`~autolayout.costmodel.memory.transient_bytes`); see :data:`SRC_ALL_REDUCE_IN_PLACE`.
         description: what one device is and how numbers were chosen.
         sources: citations for the numbers.
         op_overhead_s: launch/dispatch seconds added to every executed op (every op of the
@@ -196,6 +199,7 @@ class Hardware:
     axis_links: tuple[tuple[str, Link], ...] = ()
     efficiency: float = 1.0
     async_collectives: bool = True
+    all_reduce_in_place: bool = False  # SRC_ALL_REDUCE_IN_PLACE: XLA's generic rule; GPU profiles set True
     description: str = ""
     sources: tuple[str, ...] = field(default=())
     op_overhead_s: float = 0.0
@@ -287,6 +291,7 @@ class Hardware:
             "axis_links": {a: l.to_dict() for a, l in self.axis_links},
             "efficiency": self.efficiency,
             "async_collectives": self.async_collectives,
+            "all_reduce_in_place": self.all_reduce_in_place,
             "description": self.description,
             "sources": list(self.sources),
             "op_overhead_s": self.op_overhead_s,
@@ -556,6 +561,16 @@ _GPU_EFFICIENCY_NOTE = (
 )
 
 
+SRC_ALL_REDUCE_IN_PLACE = (
+    "XLA buffer sharing of all-reduce: the generic rule (xla/service/hlo_dataflow_analysis.cc, "
+    "HloDataflowAnalysis::CanShareOperandBufferWithUser) shares an operand's buffer with its user only "
+    "for element-wise users and a few in-place ops, not all-reduce, unless a backend hint says so; the GPU "
+    "backend's hint does (xla/service/gpu/buffer_sharing.cc, CanShareBufferHint: 'NCCL all-reduce can be "
+    "performed in-place'); XLA:CPU has none (measured: benchmarks/memory_vs_xla.py, an all-reduced gradient "
+    "takes two buffers in memory_analysis's temp); the TPU backend's is not public, so TPU profiles keep the "
+    "generic rule")
+
+
 def _hopper(name: str, hbm_bytes: float, hbm_bw: float, sheet: str) -> Hardware:
     return Hardware(
         name=name,
@@ -564,12 +579,13 @@ def _hopper(name: str, hbm_bytes: float, hbm_bw: float, sheet: str) -> Hardware:
         hbm_bandwidth=hbm_bw,
         link=NVLINK4,
         efficiency=0.75,
+        all_reduce_in_place=True,  # SRC_ALL_REDUCE_IN_PLACE
         description=(
             f"NVIDIA {name.upper()} SXM, one JAX device = one GPU. Default link = NVLink inside an "
             "8-GPU node; give the inter-node mesh axis SLOW_LINKS['" + name + "'] (one 400 Gb/s NDR "
             "InfiniBand NIC per GPU) via with_axis_link. " + _GPU_EFFICIENCY_NOTE
         ),
-        sources=(sheet, SRC_SCALING_GPUS, SRC_NCCL_TUNING, SRC_JAX_PRECISION),
+        sources=(sheet, SRC_SCALING_GPUS, SRC_NCCL_TUNING, SRC_JAX_PRECISION, SRC_ALL_REDUCE_IN_PLACE),
     )
 
 
@@ -613,6 +629,7 @@ CPU = Hardware(
     # XLA:CPU runs a collective in line on the calling thread (its collectives are
     # synchronous rendezvous between the device threads): nothing overlaps compute.
     async_collectives=False,
+    all_reduce_in_place=False,  # SRC_ALL_REDUCE_IN_PLACE: measured on XLA:CPU
     description=(
         "PLACEHOLDER for the machine at hand (one JAX CPU device ~ one core). Not a measured "
         "profile: run calibrate and use the profile it writes instead."

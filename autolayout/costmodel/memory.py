@@ -1,26 +1,44 @@
-"""Peak per-device memory by liveness over the traced schedule.
+"""Peak per-device memory by liveness over the traced schedule, as XLA allocates it.
 
 Every materialised tensor counts at its local (sharded) size; elementwise
-intermediates fused into their consumers (``Op.hbm``) take none. Arguments (inputs, parameters,
-optimizer state) are live for the whole step, as the caller holds them, except
-donated ones (``graph.donated``, as ``jax.jit(donate_argnums=...)``), freed at
-their last read because an output reuses the buffer; outputs
-from their producer to the end; every other tensor from its producer to its last
-consumer. A scan is one step of the schedule: its stacked outputs are live
-throughout it, and its body adds the peak of one iteration's own tensors (an
-iteration's temporaries are freed before the next). The breakdown is taken at
-the peak: ``params``, ``opt_state``, ``grads`` (the parameters' gradients) and
-``activations`` (everything else: inputs, saved activations, temporaries), and
-``transient``: buffers an op holds only while it runs — inputs the plan gathers for
-it (an FSDP layer's weights), freed after; the categories come from
-``graph.param_roles``.
+intermediates fused into their consumers (``Op.hbm``) take none. Lifetimes follow
+XLA's buffer assignment, whose ``memory_analysis()`` reports argument + output +
+temp - alias bytes (``Execution.xla_memory_bytes``; ``benchmarks/memory_vs_xla.py``
+holds the two side by side):
+
+* arguments (inputs, parameters, optimizer state) are live for the whole step: the
+  caller owns their buffers;
+* outputs too: XLA allocates the result buffers for the whole call (it may put
+  temporaries in them before they are written, which never raises the peak), so an
+  updated parameter that is not donated costs its bytes from the start. An output that
+  reuses a donated argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``)
+  takes no bytes of its own: XLA counts that buffer once (``alias``);
+* every other tensor lives from its producer to the last op that reads it from memory
+  (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
+  value is fused into does), except that an element-wise op writes its result over an
+  operand of the same shape and dtype read for the last time there (XLA shares the
+  buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users;
+  :func:`in_place_operand`).
+
+A scan is one step of the schedule: its stacked outputs are live throughout it, and
+its body adds the peak of one iteration's own tensors (an iteration's temporaries are
+freed before the next). While an op runs it also holds :func:`transient_bytes`. The
+breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parameters'
+gradients) and ``activations`` (everything else: inputs, saved activations,
+temporaries, outputs that are not parameters or optimizer state), and ``transient``;
+the categories come from ``graph.param_roles``.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-from autolayout.costmodel.plan import grad_of
-from autolayout.graph import Graph, Loop
+from autolayout.core import Mesh
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.placement import ALL_REDUCE
+from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.graph import Graph, Loop, Op
+
+__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "peak_memory", "transient_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -33,8 +51,10 @@ def _categories(graph: Graph) -> dict[str, str]:
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
-    """Schedule units and, for every top-level tensor, the units it is allocated and
-    last live at (scan bodies are handled by :func:`body_lifetimes`)."""
+    """Schedule units and, for every top-level tensor that takes memory of its own, the
+    units it is allocated and last live at (scan bodies are handled by
+    :func:`body_lifetimes`). Arguments and outputs span the whole step (module
+    docstring); an output that reuses a donated argument's buffer is left out."""
     units = graph.schedule
     unit_of: dict[str, int] = {}
     for i, u in enumerate(units):
@@ -51,34 +71,115 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     body_of = {n for lp in graph.loops.values() for n in lp.body}
-    donors = set(getattr(graph, "donated", {}).values())
+    reusing = set(getattr(graph, "donated", {}))  # outputs written into a donated argument's buffer
+    readers = _readers(graph)
     alloc: dict[str, int] = {}
     free: dict[str, int] = {}
     for t in graph.tensors():
-        if t.name in body_of:
+        if t.name in body_of or t.name in reusing:
             continue
-        users = [unit_of[c] for c in graph.consumers(t.name)]
         if t.role in ("input", "param", "opt_state"):
-            alloc[t.name] = 0
-            # a donated argument's buffer is reused by an output after its last read
-            free[t.name] = max(users, default=0) if t.name in donors else end
+            alloc[t.name], free[t.name] = 0, end
             continue
         alloc[t.name] = unit_of[t.name]
-        free[t.name] = end if t.name in outputs else max(users, default=alloc[t.name])
+        free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
+    for u in units:
+        if not isinstance(u, Loop):
+            src = in_place_operand(graph, u, readers)
+            if src in free and free[src] == unit_of[u] and alloc[src] < unit_of[u]:
+                free[src] = unit_of[u] - 1  # its buffer becomes u's
     return units, alloc, free
+
+
+def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """For every tensor, the ops that read it from memory: its consumers, a fused
+    consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
+    the ops it is fused into."""
+    out: dict[str, tuple[str, ...]] = {}
+
+    def of(name: str) -> tuple[str, ...]:
+        hit = out.get(name)
+        if hit is None:
+            acc: list[str] = []
+            for c in graph.consumers(name):
+                op = graph.op(c)
+                if op.hbm and not op.hbm[-1]:
+                    acc.extend(of(c))
+                else:
+                    acc.append(c)
+            hit = out[name] = tuple(dict.fromkeys(acc))
+        return hit
+
+    for name in graph.order:
+        of(name)
+    return out
+
+
+def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, ...]]) -> str | None:
+    """The operand whose buffer element-wise op ``name`` may write its result into: a
+    materialised tensor it reads (directly or through fused element-wise ops) with the same
+    dims and dtype, not an argument or output (XLA never overwrites those unless donated).
+    Whether that read is the operand's last is the caller's check."""
+    op = graph.op(name)
+    if op.kind != "elementwise" or (op.hbm and not op.hbm[-1]):
+        return None
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    seen: set[str] = set()
+    stack = list(op.inputs)
+    while stack:
+        n = stack.pop(0)
+        if n in seen:
+            continue
+        seen.add(n)
+        src = graph.op(n)
+        if src.hbm and not src.hbm[-1] and src.kind == "elementwise":
+            stack.extend(src.inputs)  # fused into this op: read its operands
+            continue
+        t = src.output
+        if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
+                and t.shape == op.output.shape and t.dtype == op.output.dtype):
+            return n
+    return None
+
+
+def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """Bytes the op planned as ``p`` holds only while it runs, on ``hardware``:
+
+    * inputs the plan converts for it (``p.temp_bytes``: an FSDP layer's gathered
+      weights, a resharded operand), freed after;
+    * the unreduced partial sums of its output while their collective runs: a
+      reduce-scatter (or a reduction that ends sliced) writes a new, smaller buffer, so
+      the full-size partial one is live beside it; an all-reduce does too unless the
+      backend runs it in place (``hardware.all_reduce_in_place``).
+
+    ``predict`` and the search's memory rows both count this (one rule)."""
+    extra = 0
+    if p.computed.partial and p.out_steps:
+        in_place = (hardware.all_reduce_in_place and p.out_conversion is None
+                    and all(s.kind == ALL_REDUCE for s in p.out_steps))
+        if not in_place:
+            sizes = {d.name: d.size for d in op.dims}
+            extra = p.computed.local_elements(sizes, mesh) * op.output.itemsize
+    return int(p.temp_bytes + extra)
 
 
 def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
     """Position in the body and last live position of each body tensor (carried values
-    and values read outside the body live for the whole iteration)."""
+    and values read outside the body live for the whole iteration; element-wise ops write
+    over an operand read for the last time, as at the top level)."""
     order = {n: i for i, n in enumerate(lp.body)}
     end = len(lp.body)
     carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
+    readers = _readers(graph)
     last = {}
     for n in lp.body:
-        users = [order[c] for c in graph.consumers(n) if c in order]
-        outside = any(c not in order for c in graph.consumers(n))
+        users = [order[c] for c in readers[n] if c in order]
+        outside = any(c not in order for c in readers[n])
         last[n] = end if (n in carried or outside) else max(users, default=order[n])
+    for n in lp.body:
+        src = in_place_operand(graph, n, readers)
+        if src in order and last[src] == order[n] and order[src] < order[n]:
+            last[src] = order[n] - 1
     return order, last
 
 

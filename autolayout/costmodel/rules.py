@@ -25,6 +25,7 @@ from typing import Collection, Mapping
 from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.memory import transient_bytes
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
 from autolayout.costmodel.regions import Regions
@@ -77,7 +78,7 @@ class OpCost:
     collectives: tuple[Collective, ...]
     comm_s: float
     overlapped_s: float = 0.0
-    temp_bytes: int = 0  # the plan's transient buffers while the op runs (inputs it gathered)
+    transient_bytes: int = 0  # held only while the op runs (:func:`~autolayout.costmodel.memory.transient_bytes`)
 
     @property
     def time_s(self) -> float:
@@ -141,7 +142,7 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
     sizes = _sizes(graph_op)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
-                  sum(c.time_s for c in colls if c.overlapped), p.temp_bytes)
+                  sum(c.time_s for c in colls if c.overlapped), transient_bytes(p, graph_op, mesh, hw))
 
 
 def _sizes(op: Op) -> dict[str, int]:

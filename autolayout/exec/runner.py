@@ -20,6 +20,9 @@ from autolayout.graph import Graph, align, require_graph
 __all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS"]
 
 BACKENDS = ("shard_map", "gspmd")
+# Issue 12 item 3: the predicted peak memory should be within 10% of XLA's memory_analysis of
+# the executed program (benchmarks/memory_vs_xla.py reports how many layouts are).
+MEMORY_TOLERANCE = 0.10
 
 
 class NotEnoughDevicesError(ValueError):
@@ -99,8 +102,22 @@ class Execution:
 
     @property
     def xla_memory_bytes(self) -> int:
+        """XLA's bytes per device for the compiled step: argument + output + temp - alias
+        (``memory_analysis()``; temp is the heap its temporaries share, a peak)."""
         m = self.xla_memory
         return int(m.get("argument", 0) + m.get("output", 0) + m.get("temp", 0) - m.get("alias", 0))
+
+    @property
+    def memory_ratio(self) -> float:
+        """Predicted peak memory per device / XLA's (:attr:`xla_memory_bytes`); NaN when XLA
+        gave no memory analysis."""
+        xla = self.xla_memory_bytes
+        return self.predicted.memory_bytes / xla if xla > 0 else float("nan")
+
+    @property
+    def memory_matches(self) -> bool:
+        """The predicted peak memory is within :data:`MEMORY_TOLERANCE` (10%) of XLA's."""
+        return abs(self.memory_ratio - 1) <= MEMORY_TOLERANCE
 
     def collective_diff(self) -> str:
         """Readable diff of predicted vs compiled collectives (``""`` when they match)."""
@@ -111,7 +128,9 @@ class Execution:
         return (f"{self.graph_name} on {self.mesh} layout {str(self.layout) or '(replicated)'} "
                 f"[{self.backend}]: max abs error {self.max_abs_error:.3g}, step "
                 f"{self.step_time_s * 1e3:.3f} ms (predicted {self.predicted.time_s * 1e3:.3f} ms), "
-                f"{len(self.compiled_collectives)} collectives ({match})")
+                f"{len(self.compiled_collectives)} collectives ({match}), memory "
+                f"{self.predicted.memory_bytes} B/device predicted vs {self.xla_memory_bytes} B XLA "
+                f"(x{self.memory_ratio:.2f})")
 
 
 class _Step:

@@ -23,14 +23,15 @@ from collections.abc import Mapping, Sequence
 from autolayout.costmodel.memory import body_lifetimes, lifetimes
 from autolayout.graph import Graph, Loop
 
-__all__ = ["live_points", "peak_of", "transient", "is_transient", "transient_op"]
+__all__ = ["live_points", "peak_of", "transient", "is_transient", "op_of"]
 
 _TRANSIENT = "\x00transient:"
 
 
 def transient(op: str) -> str:
-    """The name under which a live set lists the transient bytes of ``op`` (inputs gathered
-    for it), live only at the point where ``op`` runs."""
+    """The name under which a live set lists the transient bytes of ``op``
+    (:func:`~autolayout.costmodel.memory.transient_bytes`: inputs gathered for it, partial
+    sums being reduced), live only at the point where ``op`` runs."""
     return _TRANSIENT + op
 
 
@@ -38,8 +39,8 @@ def is_transient(name: str) -> bool:
     return name.startswith(_TRANSIENT)
 
 
-def transient_op(name: str) -> str:
-    """The op whose transient bytes :func:`transient` names."""
+def op_of(name: str) -> str:
+    """The op of a :func:`transient` name."""
     return name[len(_TRANSIENT):]
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from autolayout.search.liveness import is_transient, transient_op
+from autolayout.search.liveness import is_transient, op_of
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -337,12 +337,11 @@ class LayoutModel:
         per_group: dict[tuple[str, ...], np.ndarray] = {}
         const = 0
         for n in names:
-            if is_transient(n):  # under the rules alone; storage options add their change
-                dims, vec = tables.op_temp_bytes(graph.op(transient_op(n)))
+            if is_transient(n):  # bytes the running op holds (storage options add their own)
+                dims, vec = tables.transient_bytes(graph.op(op_of(n)))
             else:
                 t = graph.tensor(n)
-                dims = tables.tensor_dims(t)
-                vec = tables.tensor_bytes(t)
+                dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)
             if len(vec) == 1:
                 const += int(vec[0])
             elif dims in per_group:

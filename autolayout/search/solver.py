@@ -45,6 +45,7 @@ from ortools.sat.python import cp_model
 
 from autolayout.core import Layout
 from autolayout.search.errors import Dominated, SearchError
+from autolayout.costmodel.plan import SOURCES
 from autolayout.search.liveness import live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables
@@ -103,10 +104,9 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     for t in tables.graph.tensors():
         dims = tables.tensor_dims(t)
         sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
-    for op in tables.graph.ops():  # transient bytes under the rules alone
-        dims, vec = tables.op_temp_bytes(op)
-        if vec.any():
-            sizes[transient(op.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+        if tables.graph.op(t.name).kind not in SOURCES:  # bytes the op holds while it runs
+            dims, vec = tables.transient_bytes(tables.graph.op(t.name))
+            sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b

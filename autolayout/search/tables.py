@@ -1,7 +1,7 @@
 """Cost tables of the search: time per (dim group, assignment), bytes per tensor, symmetry.
 
 Every number here comes from the cost model itself (``costmodel.rules.op_cost``
-and ``costmodel.memory.tensor_bytes``), evaluated on the restriction of a
+and a plan's ``local_bytes`` and ``OpCost.transient_bytes``), evaluated on the restriction of a
 layout to the dims an op reads — which is all ``op_cost`` reads.
 
 **Dim groups.** The DESIGN's one-hot ``y[c, a]`` per signature class ``c`` is
@@ -88,7 +88,7 @@ class Tables:
         self.op_cost_calls = 0
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
-        self._temp: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+        self._transient: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
             for name in c.ops:
@@ -168,20 +168,6 @@ class Tables:
         return self._cost(op, sig, self.orbit_key(mine, sub), mine, sub)
 
     # -- memory -------------------------------------------------------------------------
-    def op_temp_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
-        """``(dims, bytes)``: the transient bytes ``op`` holds while it runs under the rules
-        alone (inputs its plan converts with communication, e.g. a Mesh-TF rename's
-        all-gather or a region's gather into a matmul), for each assignment of its group."""
-        hit = self._temp.get(op.name)
-        if hit is None:
-            sig = self._signature(op)
-            dims = sig[1]
-            g = self.group(dims)
-            vec = np.array([self._cost(op, sig, self.orbit_key(dims, a), dims, a).temp_bytes
-                            for a in g.assignments], dtype=np.int64)
-            hit = self._temp[op.name] = (dims, vec)
-        return hit
-
     def tensor_dims(self, t: Tensor) -> tuple[str, ...]:
         """The search dims of tensor ``t`` as stored (canonical order)."""
         hit = self._tdims.get(t.name)
@@ -208,6 +194,18 @@ class Tables:
                            dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit
+
+    def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
+        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, as
+        ``predict`` counts them) for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._transient.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            hit = self._transient[op.name] = np.array(
+                [self.op_cost(op, dims, a).transient_bytes for a in g.assignments], dtype=np.int64)
+        return dims, hit
 
     def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:
         """Index in ``dims``' group of the restriction of a full ``axes_of`` (a region dim

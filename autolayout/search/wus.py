@@ -20,8 +20,9 @@ builds the shard, and this module records
   without), times their multiplicities — reduce-scatters, sharded update compute,
   all-gathers of the weights once per step or per use — exactly as ``predict``
   sums them;
-* ``dbytes`` — per-tensor change of local bytes, and the transient bytes of ops
-  that gather their inputs (:func:`~autolayout.search.liveness.transient`).
+* ``dbytes`` — per-tensor change of local bytes, and the change of the transient bytes
+  of the ops it touches (:func:`~autolayout.costmodel.memory.transient_bytes`: gathered
+  inputs, partial sums reduce-scattered; :func:`~autolayout.search.liveness.transient`).
 
 In the CP-SAT model each option is a boolean ``w[p, o] <= y[D_p, a(o)]``, at most
 one per parameter: the solver may pick option ``o`` exactly when the layout
@@ -34,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, Layout, LayoutError
+from autolayout.costmodel.memory import transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shards
@@ -164,9 +166,10 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
                 if hit is None:  # the op's time with the shard minus under the rules alone
                     plan = sharded.op_plan(op)
                     new = split(price(plan, op, mesh, hw, tables.overlap))
-                    rules = tables.op_cost(op, dims, g.assignments[index])
-                    old = split(rules)
-                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1], plan.temp_bytes - rules.temp_bytes)
+                    rules_alone = tables.op_cost(op, dims, g.assignments[index])
+                    old = split(rules_alone)
+                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1],
+                                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes)
                 dtime += hit[0] * op.multiplicity
                 if hit[1]:
                     dom = domain_of(op)
