@@ -8,11 +8,14 @@ holds the two side by side):
 
 * arguments (inputs, parameters, optimizer state) are live for the whole step: the
   caller owns their buffers;
-* outputs too: XLA allocates the result buffers for the whole call (it may put
-  temporaries in them before they are written, which never raises the peak), so an
-  updated parameter that is not donated costs its bytes from the start. An output that
-  reuses a donated argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``)
-  takes no bytes of its own: XLA counts that buffer once (``alias``);
+* outputs from their producer to the end. XLA allocates the result buffers for the
+  whole call but puts earlier temporaries that fit into them; counting an output only
+  once it is written assumes that reuse is complete (measured closer to XLA than
+  counting outputs for the whole call: 39 against 33 of benchmarks/memory_vs_xla.py's 58
+  layouts within 10%; the steps that do not donate their updated parameters are
+  under-predicted by up to 30% because of it). An output that reuses a donated
+  argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``) takes no
+  bytes of its own: XLA counts that buffer once (``alias``);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
@@ -53,7 +56,7 @@ def _categories(graph: Graph) -> dict[str, str]:
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
     """Schedule units and, for every top-level tensor that takes memory of its own, the
     units it is allocated and last live at (scan bodies are handled by
-    :func:`body_lifetimes`). Arguments and outputs span the whole step (module
+    :func:`body_lifetimes`). Arguments span the whole step, outputs from their producer (module
     docstring); an output that reuses a donated argument's buffer is left out."""
     units = graph.schedule
     unit_of: dict[str, int] = {}

@@ -7,8 +7,8 @@ point's live tensors instead of summing them. Points:
 
 * a top-level unit ``i`` (op or whole scan) of ``graph._schedule()``: every
   top-level tensor with ``alloc <= i <= free`` (``memory.lifetimes``: arguments
-  live throughout unless donated, outputs to the end, others to their last
-  consumer; a scan's stacked outputs and final carries from the scan's start);
+  live throughout, outputs from their producer to the end (one written into a donated
+  argument's buffer takes none of its own), others to the last op that reads them; a scan's stacked outputs and final carries from the scan's start);
 * inside a scan at unit ``i``: one point per body position ``j`` — the
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
