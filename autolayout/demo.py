@@ -263,10 +263,12 @@ def section_search(demo: Demo) -> None:
     if r.verified:
         print(f"  the {len(r.verified)} best predicted layouts, each run on {len(devices)} {devices[0].platform.upper()} "
               f"devices ({demo.repeats} rounds, one step of each per round; median):")
-        rows = [("*" if v.layout == r.layout else "", i + 1, short_layout(v.layout, 56), fmt_time(v.predicted_time_s),
+        from autolayout.core import Layout
+        rows = [("*" if v.layout == r.layout else "", i + 1, short_layout(Layout(v.layout.rules), 44),
+                 getattr(v.layout, "remat", "") or "none", fmt_time(v.predicted_time_s),
                  fmt_time(v.measured_time_s) if v.ok else "-", "ok" if v.ok else v.error[:40])
                 for i, v in enumerate(r.verified)]
-        table(rows, ("", "#", "layout", "predicted", "measured", ""), "<><>><")
+        table(rows, ("", "#", "rules (+ storage sharding)", "remat", "predicted", "measured", "run"), "<><<>><")
         win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout) + 1
         print(f"  chosen: #{win}, the measured fastest (*)" + (" — also the predicted fastest" if win == 1 else ""))
     elif demo.execute and demo.other_target:

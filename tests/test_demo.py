@@ -87,3 +87,28 @@ def test_compile_cache_can_be_turned_off_and_respects_the_users_choice(monkeypat
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/of/theirs")
     assert demo.compile_cache_dir() == "/somewhere/of/theirs"
     assert jax.config.jax_compilation_cache_dir == before  # left alone in both cases
+
+
+def test_demo_search_measures_its_best_layouts_and_section_6_reuses_them(capsys, monkeypatch):
+    """With execution, section 5 runs the VERIFY_K best predicted layouts and keeps the measured
+    fastest; section 6 reuses that run for the searched layout (one transformer layer, small
+    sizes: the compiles stay short)."""
+    from autolayout.exec import verify as verify_module
+
+    calls = []
+    real = verify_module.measure
+
+    def measure(graph, mesh, layouts, **kw):
+        calls.append([str(lay) for lay in layouts])
+        return real(graph, mesh, layouts, **kw)
+
+    monkeypatch.setattr(verify_module, "measure", measure)
+    sizes = dict(demo.SIZES, n_layers=1, d_ff=128, vocab=128, length=16)
+    assert demo.run(sizes, execute=True, calibrate=False, repeats=2, progress=False) == 0
+    text = capsys.readouterr().out
+    assert f"the {demo.VERIFY_K} best predicted layouts, each run on 8 CPU devices" in text
+    assert "chosen: #" in text and text.count("\n  *  ") == 1
+    verified, named = calls  # section 5's k best, then section 6's named layouts only
+    assert len(verified) == demo.VERIFY_K and len(named) == len(demo.NAMED)
+    assert "(1 of them already ran in section 5: their runs are reused)" in text
+    assert "every layout computes the same numbers as the unsharded step" in text

@@ -73,6 +73,9 @@ def measure(graph: Graph, mesh: Any, layouts: Sequence[Any], *, hardware: Any, r
     unsharded step runs once, on the same arguments (drawn once from ``seed``), and every
     run's outputs are compared with it (``execute`` would compile it once per layout); the
     last such reference is kept for the next call on the same graph, seed and options.
+    The arguments are drawn whole (unsharded), so one device must hold them, as the
+    reference needs anyway; for models that do not fit, run ``execute(...,
+    reference=False)`` per layout instead.
     """
     import jax
 

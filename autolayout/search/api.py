@@ -85,7 +85,10 @@ class SearchResult:
     ``mesh_failures`` says why for those: ``"memory"`` (proven: nothing fits) or
     ``"time"`` (the time limit came first). ``status`` is ``OPTIMAL`` (proven
     fastest) or ``FEASIBLE`` (fits, not proven fastest: see ``gap`` and ``notes``);
-    ``cost.memory_bytes`` never exceeds the memory limit.
+    ``cost.memory_bytes`` never exceeds the memory limit. ``verified`` (from
+    ``autolayout.search(..., verify=k)``) holds the ``k`` best predicted layouts as
+    :class:`Verified` rows, predicted vs measured, in predicted order: ``layout`` is then
+    the measured fastest of them (``summary()`` prints the table).
     """
 
     layout: Layout
