@@ -29,6 +29,11 @@ REMAT_CALLS = frozenset(["remat2", "checkpoint", "remat"])  # jax.checkpoint's p
 class _Tracer(_AlongRules):
     """Interprets a jaxpr equation by equation into pending named ops."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[tuple] = []  # (whole slot, start, stop, piece slot): see relate_piece
+        self.regroups: list[tuple] = []  # (slots, slots) of multi-axis reshape groups: see regroup
+
     def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
         env: dict[Any, _Val] = {}
         for var, c in zip(jaxpr.constvars, consts):
@@ -188,11 +193,37 @@ class _Tracer(_AlongRules):
                      self.source(eqn))
         p.groups = [([x.slots[i] for i in gi if x.slots[i] is not None],
                      [out.slots[j] for j in go if out.slots[j] is not None]) for gi, go in groups]
+        self.regroup(p.groups)
         n_in = sum(1 for g in p.groups if len(g[0]) > 1)
         n_out = sum(1 for g in p.groups if len(g[1]) > 1)
         p.fn = "merge" if n_in and not n_out else "split" if n_out and not n_in else "reshape"
         self.add(p)
         return out
+
+    def regroup(self, groups: list) -> None:
+        """Give a reshape group the dims of the same group met before: a split of a dim an
+        earlier reshape merged (a reshape's gradient is the inverse reshape) takes the
+        merged dims back, and a merge of the same dims again takes the same merged dim.
+        Only a naming choice: slots join only where no tensor would hold two axes of one
+        dim."""
+        uf = self.uf
+
+        def key(slots: list) -> tuple:
+            return tuple(uf.find(s) for s in slots)
+
+        def sizes(slots: list) -> tuple:
+            return tuple(uf.size[uf.find(s)] for s in slots)
+
+        for gi, go in groups:
+            if not gi or not go or len(gi) == len(go) == 1:
+                continue
+            for a, b in self.regroups:
+                for seen, other in ((a, b), (b, a)):
+                    if key(gi) == key(seen) and sizes(go) == sizes(other):
+                        for s, t in zip(go, other):
+                            if uf.can_union(s, t):
+                                uf.union(s, t)
+            self.regroups.append((gi, go))
 
     def dot_general(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
