@@ -92,12 +92,14 @@ class RelativeBias(nn.Module):
 
 
 class T5(nn.Module):
+    layers: int = LAYERS  # per stack
+
     @nn.compact
     def __call__(self, enc_tokens, dec_tokens):
         emb = nn.Embed(VOCAB, EMBED, embedding_init=LP(nn.initializers.normal(1.0), ("vocab", "embed")))
         x = emb(enc_tokens)
         bias = RelativeBias(True, name="enc_bias")(ENC_LEN, ENC_LEN)
-        for i in range(LAYERS):
+        for i in range(self.layers):
             h = RMSNorm(name=f"enc_{i}_ln_attn")(x)
             x = x + Attention(name=f"enc_{i}_attn")(h, h, bias)
             x = x + MLPBlock(name=f"enc_{i}_mlp")(RMSNorm(name=f"enc_{i}_ln_mlp")(x))
@@ -106,7 +108,7 @@ class T5(nn.Module):
         y = emb(dec_tokens)
         bias = RelativeBias(False, name="dec_bias")(DEC_LEN, DEC_LEN)
         causal = jnp.tril(jnp.ones((DEC_LEN, DEC_LEN), bool))
-        for i in range(LAYERS):
+        for i in range(self.layers):
             h = RMSNorm(name=f"dec_{i}_ln_self")(y)
             y = y + Attention(name=f"dec_{i}_self")(h, h, bias, causal)
             y = y + Attention(name=f"dec_{i}_cross")(RMSNorm(name=f"dec_{i}_ln_cross")(y), enc, 0.0)

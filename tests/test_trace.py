@@ -352,3 +352,56 @@ def test_two_user_names_for_one_dim_is_an_error():
     with pytest.raises(TraceError, match=r"named 'd_model' to the axis you named 'd_in'.*call both 'd_model'"):
         trace_(lambda a, b: a @ b, jax.ShapeDtypeStruct((4, 8), jnp.float32),
                jax.ShapeDtypeStruct((8, 2), jnp.float32), dims=("batch d_model", "d_in d_out"))
+
+
+# --------------------------------------------------------------------------- readable names
+def _attention(x, wq, wk):
+    q, k = x @ wq, x @ wk
+    return jax.nn.softmax(jnp.einsum("bld,bmd->blm", q, k), axis=-1) @ x
+
+
+def test_unrolled_layers_share_one_key_length_dim():
+    """Each unrolled self-attention layer renames its keys' length; the renames of one dim
+    are one dim (as with ``lax.scan``), so a layout splits every layer's keys alike."""
+    def f(x, ws):
+        for wq, wk in ws:
+            x = x + _attention(x, wq, wk)
+        return jnp.sum(x ** 2)
+
+    args = (S((2, 7, 4), F32), [(S((4, 4), F32), S((4, 4), F32))] * 3)
+    for fn in (f, jax.grad(f, argnums=(0, 1))):
+        g = trace(fn, *args, dims=("batch length d", [("d dk", "d dk")] * 3))
+        assert g.dims == {"batch": 2, "length": 7, "d": 4, "dk": 4, "length_1": 7}
+
+
+def test_a_second_rename_of_one_dim_is_suffixed_2():
+    """Three axes of one tensor from one dim: ``length``, ``length_1``, ``length_2``."""
+    g = trace(lambda x: x[:, :, None, None] * x[:, None, :, None] * x[:, None, None, :], S((2, 5), F32),
+              dims=("batch length",))
+    assert g.dims == {"batch": 2, "length": 5, "length_1": 5, "length_2": 5}
+
+
+def test_patch_embedding_gradient_names_the_grid_patches_and_tokens_once():
+    """ViT's front: a strided conv (patch grid), flattened to patches, a class token
+    concatenated. The gradient runs it backwards — a ``split`` of the tokens
+    (``concatenate``'s transpose), a reshape of the patches back to the grid, the kernel
+    gradient's conv (which relates no grid axis to the forward one) — and names each piece
+    as the forward pass did, not with new dims."""
+    def f(cls, k, images):
+        x = lax.conv_general_dilated(images, k, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        t = jnp.concatenate([jnp.broadcast_to(cls, (2, 1, 5)), x.reshape(2, 6, 5)], axis=1)
+        return jnp.sum(jnp.tanh(t) ** 2)
+
+    def sgd(cls, k, images):
+        return jax.tree.map(lambda p, g: p - 0.1 * g, (cls, k), jax.grad(f, argnums=(0, 1))(cls, k, images))
+
+    g = trace(sgd, S((5,), F32), S((4, 4, 3, 5), F32), S((2, 8, 12, 3), F32),
+              dims=("embed", "ph pw channels embed", "batch height width channels"))
+    # d2, d3: the 2 x 3 grid; d6: its patches; d7: the 1 + 6 tokens
+    assert set(g.dims) - {"embed", "ph", "pw", "channels", "batch", "height", "width"} == {"d2", "d3", "d6", "d7"}
+    (split,) = [op for op in g.ops() if op.kind == "reshape" and op.fn == "split"]
+    assert split.attr("groups")[1] == (("d6",), ("d2", "d3"))
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), F32) for s in ((5,), (4, 4, 3, 5), (2, 8, 12, 3))]
+    for got, want in zip(jax.tree.leaves(g.evaluate(*args)), jax.tree.leaves(sgd(*args))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
