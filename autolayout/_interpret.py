@@ -15,6 +15,7 @@ abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp conve
 cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le lgamma
 digamma log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem
 round rsqrt select_n sign sin sinh sqrt square sub tan tanh xor
+shift_left shift_right_logical shift_right_arithmetic population_count clz
 """.split())
 ALIASES = frozenset(["stop_gradient", "copy", "copy_p", "name", "optimization_barrier"])
 REDUCE = {"reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod", "reduce_and": "and",
@@ -79,11 +80,13 @@ class _Tracer(_AlongRules):
         except TraceError:
             if not self.problems:  # a real error; after an unsupported one, maybe its echo
                 raise
-        return [self.new_val(v.aval.shape, v.aval.dtype, ctx=ctx) for v in eqn.outvars]
+        return [self.new_val(v.aval.shape, plain_dtype(v.aval.dtype), ctx=ctx) for v in eqn.outvars]
 
     def rule(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
         prim = eqn.primitive.name
         params = dict(eqn.params)
+        if any(plain_dtype(v.aval.dtype) is not v.aval.dtype for v in eqn.outvars) and prim not in CALLS:
+            raise self.unsupported(eqn)  # typed PRNG keys made or split inside the step
         if prim in CALLS:
             sub = params[CALLS[prim]]
             if prim in REMAT_CALLS and ctx[0] is not None:
@@ -102,7 +105,7 @@ class _Tracer(_AlongRules):
         if len(eqn.outvars) != 1:
             raise self.unsupported(eqn)
         aval = eqn.outvars[0].aval
-        if prim in ELEMENTWISE:
+        if prim in ELEMENTWISE or (prim == "bitcast_convert_type" and tuple(aval.shape) == ins[0].shape):
             return [self.elementwise(eqn, ins, aval, ctx)]
         if prim in ALIASES:
             if prim == "name":
@@ -423,6 +426,15 @@ class _Tracer(_AlongRules):
             info["stacks"].append(st)
             stacks.append(st)
         return [*results, *stacks]
+
+
+def plain_dtype(dtype: Any) -> Any:
+    """``dtype``, or ``uint32`` standing in for an extended dtype (a typed PRNG key
+    ``key<fry>``, which numpy cannot hold) so that the values reading it are reported as
+    unsupported instead of failing."""
+    import jax
+
+    return np.dtype("uint32") if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else dtype
 
 
 def _used_vars(jaxpr: Any) -> set:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from autolayout._build import _build
 from autolayout._dims import DimsError, leaf_dims, leaf_role, unboxed_path
-from autolayout._interpret import _Tracer
+from autolayout._interpret import _Tracer, plain_dtype
 from autolayout._roles import param_roles
 from autolayout.core import LayoutError, _check_name
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
@@ -169,7 +169,7 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         role = leaf_role(roles, args, path, n_under, arg_names, where) or "input"
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
-        v = tr.new_val(aval.shape, aval.dtype)
+        v = tr.new_val(aval.shape, plain_dtype(aval.dtype))  # a typed PRNG key: its uses are reported
         axis_names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
                                   metadata=axis_metadata)
         for n, size, slot in zip(axis_names or (), aval.shape, v.slots):

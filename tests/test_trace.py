@@ -331,6 +331,9 @@ UNSUPPORTED = [
     ("cond", lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), (X46,), "cond", "int32[], float32[4,6]"),
     ("scatter", lambda x, i: x.at[i].set(1.0), (X46, S((2,), jnp.int32)), "scatter",
      "float32[4,6], int32[2,1], float32[2,6]"),
+    # dropout with a typed key argument (``jax.random.key``), as Flax's nn.Dropout draws it
+    ("typed-key", lambda x, k: x * jax.random.bernoulli(k, 0.9, x.shape), (X46, jax.random.key(0)),
+     "random_bits", "key<fry>[]"),
 ]
 @pytest.mark.parametrize(("fn", "args", "prim", "shapes"), [c[1:] for c in UNSUPPORTED],
                          ids=[c[0] for c in UNSUPPORTED])
@@ -405,3 +408,16 @@ def test_patch_embedding_gradient_names_the_grid_patches_and_tokens_once():
     args = [jnp.asarray(rng.standard_normal(s), F32) for s in ((5,), (4, 4, 3, 5), (2, 8, 12, 3))]
     for got, want in zip(jax.tree.leaves(g.evaluate(*args)), jax.tree.leaves(sgd(*args))):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bit_operations_are_elementwise():
+    """Shifts, population counts and same-width bitcasts (hashing, random-bit code) are
+    element-wise ops, evaluated as JAX does."""
+    def f(x):
+        y = jnp.right_shift(x, 3) ^ jnp.left_shift(x, 1) ^ lax.population_count(x)
+        return lax.bitcast_convert_type(y, jnp.int32)
+
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 2 ** 31, (4, 6)), jnp.uint32)
+    g = trace(f, x, dims=("batch d",))
+    assert {op.kind for op in g.ops()} == {"input", "elementwise"}
+    np.testing.assert_array_equal(g.evaluate(x), f(x))
