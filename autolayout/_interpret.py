@@ -33,7 +33,7 @@ class _Tracer(_AlongRules):
     def __init__(self) -> None:
         super().__init__()
         self.pieces: list[tuple] = []  # (whole slot, start, stop, piece slot): see relate_piece
-        self.regroups: list[tuple] = []  # (slots, slots) of multi-axis reshape groups: see regroup
+        self.regroups: list[tuple] = []  # (merged slots, their merge's slot): see regroup
 
     def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
         env: dict[Any, _Val] = {}
@@ -204,29 +204,23 @@ class _Tracer(_AlongRules):
         return out
 
     def regroup(self, groups: list) -> None:
-        """Give a reshape group the dims of the same group met before: a split of a dim an
-        earlier reshape merged (a reshape's gradient is the inverse reshape) takes the
-        merged dims back, and a merge of the same dims again takes the same merged dim.
-        Only a naming choice: slots join only where no tensor would hold two axes of one
-        dim."""
+        """A split of a dim that an earlier reshape merged takes the merged dims back (a
+        reshape's gradient is the inverse reshape: ViT's patch grid flattened forward, its
+        gradient split back into the grid). Only a naming choice: slots join only where no
+        tensor would hold two axes of one dim. A merge keeps its own dim (a split of heads
+        merged again may be laid out apart from the dim split)."""
         uf = self.uf
-
-        def key(slots: list) -> tuple:
-            return tuple(uf.find(s) for s in slots)
-
-        def sizes(slots: list) -> tuple:
-            return tuple(uf.size[uf.find(s)] for s in slots)
-
         for gi, go in groups:
-            if not gi or not go or len(gi) == len(go) == 1:
-                continue
-            for a, b in self.regroups:
-                for seen, other in ((a, b), (b, a)):
-                    if key(gi) == key(seen) and sizes(go) == sizes(other):
-                        for s, t in zip(go, other):
+            if len(gi) > 1 and len(go) == 1:
+                self.regroups.append((gi, go[0]))
+            elif len(gi) == 1 and len(go) > 1:
+                sizes = [uf.size[uf.find(s)] for s in go]
+                for parts, merged in self.regroups:
+                    if uf.find(merged) == uf.find(gi[0]) and sizes == [uf.size[uf.find(s)] for s in parts]:
+                        for s, t in zip(go, parts):
                             if uf.can_union(s, t):
                                 uf.union(s, t)
-            self.regroups.append((gi, go))
+                        break
 
     def dot_general(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
