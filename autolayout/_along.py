@@ -39,24 +39,40 @@ class _AlongRules(_Core):
             if not win:
                 return [self.alias(eqn, x, outs[0], ctx)]
             fn = _slicer({a: (params["start_indices"][a], params["limit_indices"][a], strides[a]) for a in win})
-            return [self.along(eqn, [x], outs[0], ctx, "slice", [_keep(rank, win)], [(0, a) for a in win], fn)]
+            out = self.along(eqn, [x], outs[0], ctx, "slice", [_keep(rank, win)], [(0, a) for a in win], fn)
+            if len(win) == 1 and strides[win[0]] == 1:
+                a = win[0]
+                self.relate_piece(x.slots[a], params["start_indices"][a], params["limit_indices"][a], out.slots[a])
+            return [out]
         if prim == "pad":
             win = [a for a in range(rank) if tuple(params["padding_config"][a]) != (0, 0, 0)]
             if not win:
                 return [self.alias(eqn, x, outs[0], ctx)]
-            return [self.along(eqn, ins, outs[0], ctx, "pad", [_keep(rank, win), []], [(0, a) for a in win],
-                               _binder(eqn))]
+            out = self.along(eqn, ins, outs[0], ctx, "pad", [_keep(rank, win), []], [(0, a) for a in win],
+                             _binder(eqn))
+            lo, hi, interior = params["padding_config"][win[0]]
+            if len(win) == 1 and interior == 0 and lo >= 0 and hi >= 0:  # the inverse of a slice
+                self.relate_piece(out.slots[win[0]], lo, lo + x.shape[win[0]], x.slots[win[0]])
+            return [out]
         if prim == "concatenate":
             d = params["dimension"]
-            return [self.along(eqn, ins, outs[0], ctx, "concatenate", [_keep(rank, [d])] * len(ins),
-                               [(i, d) for i in range(len(ins))], _binder(eqn))]
+            out = self.along(eqn, ins, outs[0], ctx, "concatenate", [_keep(rank, [d])] * len(ins),
+                             [(i, d) for i in range(len(ins))], _binder(eqn))
+            start = 0
+            for v in ins:
+                self.relate_piece(out.slots[d], start, start + v.shape[d], v.slots[d])
+                start += v.shape[d]
+            return [out]
         if prim == "split":
             axis, res, start = params["axis"], [], 0
             for var, size in zip(eqn.outvars, params["sizes"]):
                 fn = _slicer({axis: (start, start + int(size), 1)})
+                out = (self.along(eqn, [x], var.aval, ctx, "split", [_keep(rank, [axis])], [(0, axis)], fn)
+                       if var in self.used else None)
+                if out is not None:
+                    self.relate_piece(x.slots[axis], start, start + int(size), out.slots[axis])
                 start += int(size)
-                res.append(self.along(eqn, [x], var.aval, ctx, "split", [_keep(rank, [axis])], [(0, axis)], fn)
-                           if var in self.used else None)
+                res.append(out)
             return res
         if prim == "rev":
             return [self.along(eqn, [x], outs[0], ctx, "rev", [every], [(0, a) for a in params["dimensions"]],
@@ -91,6 +107,22 @@ class _AlongRules(_Core):
             return [self.along(eqn, ins, outs[0], ctx, "dynamic_update_slice", [every, _keep(rank, win)] +
                                [[]] * rank, [(0, a) for a in win] + [(1, a) for a in win], fn)]
         raise AssertionError(prim)
+
+    def relate_piece(self, whole: int | None, start: int, stop: int, piece: int | None) -> None:
+        """Record that dim slot ``piece`` is ``whole[start:stop]`` and give it the dim of the
+        same piece of the same dim met before: a concatenation's operands and the slices
+        of its gradient (``concatenate``'s transpose), a slice and the pad of its gradient,
+        so that the forward and backward passes name the piece once. Only a naming choice:
+        two slots join only where no tensor would hold two axes of one dim."""
+        if whole is None or piece is None:
+            return
+        uf = self.uf
+        for w, a, b, p in self.pieces:
+            if (a, b) == (start, stop) and uf.find(w) == uf.find(whole) and uf.can_union(p, piece) and (
+                    uf.size[uf.find(p)] == uf.size[uf.find(piece)]):
+                uf.union(p, piece)
+                return
+        self.pieces.append((whole, start, stop, piece))
 
     def conv(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         """``conv_general_dilated`` as a contraction (kind ``einsum``, fn ``conv``): the lhs

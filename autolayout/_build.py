@@ -19,6 +19,7 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
         from autolayout._unsupported import report
         raise report(tr.problems, gname)
     uf = tr.uf
+    _merge_renames(tr)
     cls_name: dict[int, str] = {}
     taken = {uf.user[uf.find(s)] for s in range(len(uf.parent)) if uf.user[uf.find(s)]}
 
@@ -31,6 +32,13 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
             if cand not in taken:
                 taken.add(cand)
                 return cand
+        raise AssertionError
+
+    def renamed(base: str) -> str:
+        """A rename of dim ``base``: ``base_1``, else ``base_2``, ... (never ``base_1_1``)."""
+        for k in itertools.count(1):
+            if f"{base}_{k}" not in taken:
+                return fresh(f"{base}_{k}")
         raise AssertionError
 
     naming: set[int] = set()  # classes whose name is being derived (renames can form cycles)
@@ -49,9 +57,9 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
                             if uf.find(o) == r and uf.user[uf.find(s)]), None)
             loop = next((lp for s, lp in tr.loop_slots.items() if uf.find(s) == r), None)
             if origin is not None:
-                cls_name[r] = fresh(name(origin) + "_1")
+                cls_name[r] = renamed(name(origin))
             elif partner is not None:
-                cls_name[r] = fresh(partner + "_1")
+                cls_name[r] = renamed(partner)
             elif loop is not None:
                 cls_name[r] = fresh("layers")
             else:
@@ -157,6 +165,23 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
                                     np.dtype(aval.dtype).name))
     return Graph(ops, input_names=[tname[v.id] for v in in_vals], in_tree=in_tree, outputs=specs,
                  out_tree=out_tree, loops=loops, name=gname)
+
+
+def _merge_renames(tr: Any) -> None:
+    """One dim for the renames of one dim: the renamed axes (e.g. attention's key length,
+    renamed in every unrolled layer) whose origins are one class join one class wherever
+    no tensor would hold two axes of it, so that a layout names them once (as when the
+    layers are scanned)."""
+    uf = tr.uf
+    first: dict[int, list[int]] = {}
+    for s, o in tr.rename_origin.items():
+        group = first.setdefault(uf.find(o), [])
+        for t in group:
+            if uf.find(t) != uf.find(s) and uf.can_union(t, s) and not uf.user[uf.find(s)]:
+                uf.union(t, s)
+                break
+        else:
+            group.append(s)
 
 
 def _node_for(o: _Val, p: _Pending) -> _Val:

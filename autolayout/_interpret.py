@@ -15,6 +15,7 @@ abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp conve
 cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le lgamma
 digamma log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem
 round rsqrt select_n sign sin sinh sqrt square sub tan tanh xor
+shift_left shift_right_logical shift_right_arithmetic population_count clz
 """.split())
 ALIASES = frozenset(["stop_gradient", "copy", "copy_p", "name", "optimization_barrier"])
 REDUCE = {"reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod", "reduce_and": "and",
@@ -28,6 +29,11 @@ REMAT_CALLS = frozenset(["remat2", "checkpoint", "remat"])  # jax.checkpoint's p
 
 class _Tracer(_AlongRules):
     """Interprets a jaxpr equation by equation into pending named ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[tuple] = []  # (whole slot, start, stop, piece slot): see relate_piece
+        self.regroups: list[tuple] = []  # (merged slots, their merge's slot): see regroup
 
     def run(self, jaxpr: Any, consts: Sequence[Any], in_vals: Sequence[_Val], ctx: tuple) -> list:
         env: dict[Any, _Val] = {}
@@ -74,11 +80,13 @@ class _Tracer(_AlongRules):
         except TraceError:
             if not self.problems:  # a real error; after an unsupported one, maybe its echo
                 raise
-        return [self.new_val(v.aval.shape, v.aval.dtype, ctx=ctx) for v in eqn.outvars]
+        return [self.new_val(v.aval.shape, plain_dtype(v.aval.dtype), ctx=ctx) for v in eqn.outvars]
 
     def rule(self, eqn: Any, ins: list[_Val], ctx: tuple) -> list[_Val]:
         prim = eqn.primitive.name
         params = dict(eqn.params)
+        if any(plain_dtype(v.aval.dtype) is not v.aval.dtype for v in eqn.outvars) and prim not in CALLS:
+            raise self.unsupported(eqn)  # typed PRNG keys made or split inside the step
         if prim in CALLS:
             sub = params[CALLS[prim]]
             if prim in REMAT_CALLS and ctx[0] is not None:
@@ -97,7 +105,7 @@ class _Tracer(_AlongRules):
         if len(eqn.outvars) != 1:
             raise self.unsupported(eqn)
         aval = eqn.outvars[0].aval
-        if prim in ELEMENTWISE:
+        if prim in ELEMENTWISE or (prim == "bitcast_convert_type" and tuple(aval.shape) == ins[0].shape):
             return [self.elementwise(eqn, ins, aval, ctx)]
         if prim in ALIASES:
             if prim == "name":
@@ -188,11 +196,31 @@ class _Tracer(_AlongRules):
                      self.source(eqn))
         p.groups = [([x.slots[i] for i in gi if x.slots[i] is not None],
                      [out.slots[j] for j in go if out.slots[j] is not None]) for gi, go in groups]
+        self.regroup(p.groups)
         n_in = sum(1 for g in p.groups if len(g[0]) > 1)
         n_out = sum(1 for g in p.groups if len(g[1]) > 1)
         p.fn = "merge" if n_in and not n_out else "split" if n_out and not n_in else "reshape"
         self.add(p)
         return out
+
+    def regroup(self, groups: list) -> None:
+        """A split of a dim that an earlier reshape merged takes the merged dims back (a
+        reshape's gradient is the inverse reshape: ViT's patch grid flattened forward, its
+        gradient split back into the grid). Only a naming choice: slots join only where no
+        tensor would hold two axes of one dim. A merge keeps its own dim (a split of heads
+        merged again may be laid out apart from the dim split)."""
+        uf = self.uf
+        for gi, go in groups:
+            if len(gi) > 1 and len(go) == 1:
+                self.regroups.append((gi, go[0]))
+            elif len(gi) == 1 and len(go) > 1:
+                sizes = [uf.size[uf.find(s)] for s in go]
+                for parts, merged in self.regroups:
+                    if uf.find(merged) == uf.find(gi[0]) and sizes == [uf.size[uf.find(s)] for s in parts]:
+                        for s, t in zip(go, parts):
+                            if uf.can_union(s, t):
+                                uf.union(s, t)
+                        break
 
     def dot_general(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
@@ -392,6 +420,15 @@ class _Tracer(_AlongRules):
             info["stacks"].append(st)
             stacks.append(st)
         return [*results, *stacks]
+
+
+def plain_dtype(dtype: Any) -> Any:
+    """``dtype``, or ``uint32`` standing in for an extended dtype (a typed PRNG key
+    ``key<fry>``, which numpy cannot hold) so that the values reading it are reported as
+    unsupported instead of failing."""
+    import jax
+
+    return np.dtype("uint32") if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else dtype
 
 
 def _used_vars(jaxpr: Any) -> set:

@@ -10,7 +10,9 @@ optimizer state, its updated value and its gradient (:class:`~autolayout.graph.P
   container's tree structure (optax's ``ScaleByAdamState(mu=<params>, nu=<params>)``,
   ``MultiStepsState.acc_grads``, :func:`autolayout.train_step`'s ``{"mu": <params>, ...}``)
   contributes its leaf at ``rel`` if that leaf is an ``opt_state`` argument of the
-  parameter's shape; a leaf that would pair with two parameters pairs with none;
+  parameter's shape or of a factor of it (the shape with axes dropped: ``optax.adafactor``'s
+  row and column moments ``v_row``, ``v_col``; not its one-element placeholders); a leaf
+  that would pair with two parameters pairs with none;
 * *update*: the output leaf at the parameter's own path (``(params, opt_state, loss)``
   returns the new parameters where the arguments held the old ones), else the leaf at
   ``rel`` of the one output subtree with the container's structure; it must have the
@@ -25,6 +27,7 @@ optimizer state, its updated value and its gradient (:class:`~autolayout.graph.P
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
 
 import networkx as nx
@@ -63,7 +66,7 @@ def param_roles(graph: Graph, args: Any, in_paths: Sequence[tuple], in_names: Se
             if q == cpath or _structure(node) != tdef:
                 continue
             leaf = q + rel
-            if role_at.get(leaf) == "opt_state" and tuple(arg_nodes[leaf].shape) == shape:
+            if role_at.get(leaf) == "opt_state" and _pairs(tuple(arg_nodes[leaf].shape), shape):
                 pairs.setdefault(name_at[leaf], []).append(name)
         own = _own_output_path(path, args, out_obj)
         info["update"] = _update(graph, name, shape, own, rel, tdef, out_at, out_nodes)
@@ -73,6 +76,19 @@ def param_roles(graph: Graph, args: Any, in_paths: Sequence[tuple], in_names: Se
 
     grads = _gradients(graph, {n: f["update"] for n, f in found.items() if f["update"]})
     return {n: ParamRole(n, grads.get(n), tuple(f["state"]), f["update"]) for n, f in found.items()}
+
+
+def _pairs(state: tuple, param: tuple) -> bool:
+    """Whether an optimizer-state leaf of shape ``state`` at a parameter's place can be its
+    state: the parameter's shape, or a *factor* of it — the shape with some axes dropped
+    (``optax.adafactor``'s row and column second moments ``v_row``, ``v_col``). One-element
+    placeholders (adafactor's ``(1,)`` for the unfactored moments) are not state."""
+    if state == param:
+        return True
+    if not state or len(state) >= len(param) or math.prod(state) <= 1:
+        return False
+    it = iter(param)
+    return all(any(n == m for m in it) for n in state)  # a subsequence of the param's axes
 
 
 def _structure(node: Any) -> tuple:

@@ -40,11 +40,16 @@ REWRITES: dict[str, tuple[str, str]] = {
                              "9 shifted slices times per-channel weights"),
     "rng_bit_generator": ("random bits are drawn inside the step",
                           "draw random numbers outside the traced function and pass them in"),
-    "random_bits": ("random bits are drawn inside the step",
-                    "draw random numbers outside the traced function and pass them in"),
+    "random_bits": ("random bits are drawn inside the step (e.g. for dropout)",
+                    "draw random numbers outside the traced function and pass them in "
+                    "(e.g. a dropout mask as an input), or trace the deterministic step"),
     "threefry2x32": ("random bits are drawn inside the step",
                      "draw random numbers outside the traced function and pass them in"),
 }
+for _p in ("random_seed", "random_split", "random_fold_in", "random_wrap", "random_unwrap"):
+    REWRITES[_p] = ("random keys are made or split inside the step (e.g. for dropout)",
+                    "draw random numbers outside the traced function and pass them in "
+                    "(e.g. a dropout mask as an input), or trace the deterministic step")
 NO_REWRITE = "compute this step outside the traced function and pass its result in"
 for _p in ("cholesky", "eigh", "svd", "lu", "qr", "triangular_solve", "fft", "custom_linear_solve", "eig"):
     REWRITES[_p] = ("linear-algebra kernels have no named-dimension rule", NO_REWRITE)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from autolayout._build import _build
 from autolayout._dims import DimsError, leaf_dims, leaf_role, unboxed_path
-from autolayout._interpret import _Tracer
+from autolayout._interpret import _Tracer, plain_dtype
 from autolayout._roles import param_roles
 from autolayout.core import LayoutError, _check_name
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
@@ -106,7 +106,8 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     the largest argument subtree holding only parameters; optimizer-state leaves are those
     at the parameter's place in any other argument subtree of the container's structure
     (optax states mirror the params tree: ``ScaleByAdamState(mu=<params>, nu=<params>)``)
-    with the parameter's shape; the update is the output leaf at the parameter's own path
+    with the parameter's shape, or a factor of it (the shape with axes dropped:
+    ``optax.adafactor``'s ``v_row`` and ``v_col``); the update is the output leaf at the parameter's own path
     (``step(params, opt_state, batch) -> (params, opt_state, loss)``, or a ``TrainState``
     in and out), else at its place in the one output subtree of the container's
     structure; the gradient is, among the tensors every path from the backward pass (what
@@ -114,8 +115,9 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
     the update that neither reads optimizer state nor is an element-wise map of one
     backward-pass tensor alone (learning-rate scalings, weight decay and casts belong to
     the update; clip-by-global-norm's output, which mixes all gradients, is the gradient).
-    Limits: optimizer state that does not mirror the params tree (factored states of
-    another shape, ``optax.masked``'s placeholders) is not paired; a state leaf that would
+    Limits: optimizer state that does not mirror the params tree, or whose leaf there is
+    neither the parameter's shape nor a factor of it (``optax.masked``'s placeholders,
+    adafactor's one-element placeholders), is not paired; a state leaf that would
     pair with two parameters (separate same-shape parameter arguments) pairs with none; a
     step whose loss reads no ``"input"`` argument finds no gradients; an output order that
     leaves several output subtrees shaped like the params (``(loss, params, adam_state)``)
@@ -167,7 +169,7 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         role = leaf_role(roles, args, path, n_under, arg_names, where) or "input"
         if role not in ("input", "param", "opt_state"):
             raise TraceError(f"argument {tname!r}: role {role!r} is not one of 'input', 'param', 'opt_state'")
-        v = tr.new_val(aval.shape, aval.dtype)
+        v = tr.new_val(aval.shape, plain_dtype(aval.dtype))  # a typed PRNG key: its uses are reported
         axis_names, source = leaf_dims(dims, args, path, n_under, tuple(aval.shape), arg_names, where,
                                   metadata=axis_metadata)
         for n, size, slot in zip(axis_names or (), aval.shape, v.slots):

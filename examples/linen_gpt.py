@@ -87,7 +87,7 @@ def main() -> None:
     mesh = "data:2,model:4"
     # At these toy sizes replicating everything is fastest; ask for half its memory per device
     # and the search has to split the model (tensor parallelism, storage/FSDP shards).
-    whole = autolayout.predict(graph, mesh, "", "tpu-v4").memory_bytes
+    whole = autolayout.predict(graph, mesh, "", hardware="tpu-v4").memory_bytes
     best = autolayout.search(graph, mesh, hardware="tpu-v4", memory_limit=whole / 2)
     print(f"searched layout at {whole / 2:.0f} B per device:", best.layout)
     run = autolayout.execute(graph, mesh, best.layout, args=(state, tokens, targets), repeats=1)

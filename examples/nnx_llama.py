@@ -106,7 +106,7 @@ def main() -> None:
     graph = trace_block(train_step, args)
     print(graph.summary())
     mesh = "data:2,model:4"
-    whole = autolayout.predict(graph, mesh, "", "tpu-v4").memory_bytes
+    whole = autolayout.predict(graph, mesh, "", hardware="tpu-v4").memory_bytes
     best = autolayout.search(graph, mesh, hardware="tpu-v4", memory_limit=whole / 2)
     print("searched layout:", best.layout)
     run = autolayout.execute(graph, mesh, best.layout, args=args, repeats=1)

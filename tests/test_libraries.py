@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+import sys
 import pathlib
 
 import jax
@@ -24,6 +26,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 def example(name: str):
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclass fields (a linen Module's) resolve their module
     spec.loader.exec_module(module)
     return module
 
@@ -180,3 +183,123 @@ def test_top2_moe_executes_like_jax_jit():
     assert g.dims["top"] == 2
     for layout in ("batch:data;experts:model", "batch:data;mlp:model|*:data@3"):
         check(g, step, args, layout)
+
+
+# --------------------------------------------------------------------------- T5, ViT (searched)
+def searched(graph):
+    """The layout the search finds with half the memory replicating everything takes (at
+    these toy sizes replicating is fastest, so the limit makes it split the model)."""
+    from autolayout import predict, search
+
+    whole = predict(graph, MESH, "", hardware="tpu-v4").memory_bytes
+    best = search(graph, MESH, hardware="tpu-v4", memory_limit=whole / 2, time_limit_s=30)
+    assert best.cost.memory_bytes <= whole / 2
+    return best.layout
+
+
+@pytest.fixture(scope="module")
+def linen_t5():
+    m = example("linen_t5")
+    state = m.make_state(m.T5(layers=1))  # one layer per stack: compiles in half the time
+    args = (state, *m.batch())
+    return m, m.trace_step(*args), args
+
+
+def test_linen_t5_names_both_lengths_of_cross_attention(linen_t5):
+    m, g, (state, *_) = linen_t5
+    assert {"enc_length", "dec_length", "enc_keys", "dec_keys", "heads", "kv", "buckets", "vocab"} <= set(g.dims)
+    assert (g.dims["enc_length"], g.dims["dec_length"]) == (m.ENC_LEN, m.DEC_LEN)
+    assert not [d for d in g.dims if re.fullmatch(r"d\d+(_\d+)?", d)]  # no automatic names left
+    scores = {frozenset(op.output.dim_names) for op in g.ops() if op.kind == "einsum" and op.fn == "dot"
+              and "heads" in op.output.dim_names and "kv" not in op.output.dim_names}
+    # encoder self-, decoder self- and cross-attention scores, each with its two lengths
+    assert scores == {frozenset({"batch", "heads", q, k}) for q, k in (
+        ("enc_length", "enc_keys"), ("dec_length", "dec_keys"), ("dec_length", "enc_length"))}
+    # the relative-position tables are [buckets, heads]; the tied embedding is [vocab, embed]
+    assert g.tensor("params/enc_bias/rel_embedding").dim_names == ("buckets", "heads")
+    roles = g.param_roles
+    assert len(roles) == len(jax.tree.leaves(state.params))
+    assert all(len(r.opt_state) == 2 and r.grad and r.update for r in roles.values())
+
+
+def test_linen_t5_searched_layout_executes_like_jax_jit(linen_t5):
+    m, g, args = linen_t5
+    check(g, m.train_step, args, searched(g))
+
+
+def test_linen_t5_megatron_zero_executes_like_jax_jit(linen_t5):
+    m, g, args = linen_t5
+    check(g, m.train_step, args, "batch:data;heads:model;mlp:model|*:data@2")
+
+
+@pytest.fixture(scope="module")
+def linen_vit():
+    m = example("linen_vit")
+    state = m.make_state(m.ViT())
+    args = (state, *m.batch())
+    return m, m.trace_step(*args), args
+
+
+def test_linen_vit_names_patches_tokens_and_keys(linen_vit):
+    m, g, (state, *_) = linen_vit
+    assert {"grid_h", "grid_w", "patches", "tokens", "keys", "height", "width", "channels"} <= set(g.dims)
+    assert (g.dims["patches"], g.dims["tokens"]) == (m.GRID ** 2, m.GRID ** 2 + 1)
+    assert not [d for d in g.dims if re.fullmatch(r"d\d+(_\d+)?", d)]
+    conv = [op for op in g.ops() if op.fn == "conv"]
+    # the patch embedding and, in the backward pass, its kernel gradient (images need none)
+    assert len(conv) == 2
+    assert conv[0].output.dim_names == ("batch", "grid_h", "grid_w", "embed")
+    assert all(len(r.opt_state) == 2 and r.grad and r.update for r in g.param_roles.values())
+    assert len(g.param_roles) == len(jax.tree.leaves(state.params))
+
+
+def test_linen_vit_searched_layout_executes_like_jax_jit(linen_vit):
+    m, g, args = linen_vit
+    check(g, m.train_step, args, searched(g))
+
+
+def test_linen_vit_splits_patches_and_heads_like_jax_jit(linen_vit):
+    m, g, args = linen_vit
+    check(g, m.train_step, args, "batch:data;heads:model;patches:model")
+
+
+# --------------------------------------------------------------------------- optax.adafactor
+def test_adafactor_factored_moments_pair_with_their_parameter_and_shard():
+    """``optax.adafactor`` keeps, for a matrix, a row and a column second moment (``v_row``
+    of the parameter's shape without its larger axis, ``v_col`` without the other) and a
+    one-element placeholder ``v``; for a vector the full ``v`` and placeholders. The
+    factored moments are the matrix's state; placeholders are no parameter's."""
+    import optax
+
+    D, F, B = 16, 32, 16
+    tx = optax.adafactor(1e-2, min_dim_size_to_factor=8)  # factor these small matrices
+
+    def step(params, opt_state, x, t):
+        def loss(p):
+            return jnp.mean((jnp.tanh(x @ p["w_in"] + p["b"]) @ p["w_out"] - t) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    keys = jax.random.split(jax.random.key(0), 4)
+    params = {"w_in": jax.random.normal(keys[0], (D, F)) * 0.2, "b": jnp.zeros((F,)),
+              "w_out": jax.random.normal(keys[1], (F, D)) * 0.2}
+    args = (params, tx.init(params), jax.random.normal(keys[2], (B, D)), jax.random.normal(keys[3], (B, D)))
+    g = trace(step, *args, dims=({"w_in": "embed mlp", "b": "mlp", "w_out": "mlp embed"}, None,
+                                 "batch embed", "batch embed"), roles=("param", "opt_state", "input", "input"))
+    roles = g.param_roles
+    assert roles["w_in"].opt_state == ("0/v_row/w_in", "0/v_col/w_in")
+    assert roles["w_out"].opt_state == ("0/v_row/w_out", "0/v_col/w_out")
+    assert roles["b"].opt_state == ("0/v/b",)
+    assert all(r.grad and r.update for r in roles.values())
+    # the moments' dims: v_row of w_in [embed, mlp] averages over mlp (its larger axis)
+    assert g.tensor("0/v_row/w_in").dim_names == ("embed",) and g.tensor("0/v_col/w_in").dim_names == ("mlp",)
+    layout = "batch:data;mlp:model|*:data@2"
+    # ZeRO-2 over data shards each matrix's state along its first dim that divides: w_in's
+    # embed (v_row), w_out's mlp (v_col, already over model); the other moment stays whole
+    v_row, v_col = partition_specs(g, MESH, layout)[1][0][1:3]
+    assert (v_row["w_in"], v_col["w_in"]) == (P("data"), P("model"))
+    assert (v_row["w_out"], v_col["w_out"]) == (P(None), P(("model", "data")))
+    for lay in ("batch:data;mlp:model", layout, "batch:data,model|*:data,model@3"):
+        check(g, step, args, lay)

@@ -331,6 +331,9 @@ UNSUPPORTED = [
     ("cond", lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), (X46,), "cond", "int32[], float32[4,6]"),
     ("scatter", lambda x, i: x.at[i].set(1.0), (X46, S((2,), jnp.int32)), "scatter",
      "float32[4,6], int32[2,1], float32[2,6]"),
+    # dropout with a typed key argument (``jax.random.key``), as Flax's nn.Dropout draws it
+    ("typed-key", lambda x, k: x * jax.random.bernoulli(k, 0.9, x.shape), (X46, jax.random.key(0)),
+     "random_bits", "key<fry>[]"),
 ]
 @pytest.mark.parametrize(("fn", "args", "prim", "shapes"), [c[1:] for c in UNSUPPORTED],
                          ids=[c[0] for c in UNSUPPORTED])
@@ -352,3 +355,69 @@ def test_two_user_names_for_one_dim_is_an_error():
     with pytest.raises(TraceError, match=r"named 'd_model' to the axis you named 'd_in'.*call both 'd_model'"):
         trace_(lambda a, b: a @ b, jax.ShapeDtypeStruct((4, 8), jnp.float32),
                jax.ShapeDtypeStruct((8, 2), jnp.float32), dims=("batch d_model", "d_in d_out"))
+
+
+# --------------------------------------------------------------------------- readable names
+def _attention(x, wq, wk):
+    q, k = x @ wq, x @ wk
+    return jax.nn.softmax(jnp.einsum("bld,bmd->blm", q, k), axis=-1) @ x
+
+
+def test_unrolled_layers_share_one_key_length_dim():
+    """Each unrolled self-attention layer renames its keys' length; the renames of one dim
+    are one dim (as with ``lax.scan``), so a layout splits every layer's keys alike."""
+    def f(x, ws):
+        for wq, wk in ws:
+            x = x + _attention(x, wq, wk)
+        return jnp.sum(x ** 2)
+
+    args = (S((2, 7, 4), F32), [(S((4, 4), F32), S((4, 4), F32))] * 3)
+    for fn in (f, jax.grad(f, argnums=(0, 1))):
+        g = trace(fn, *args, dims=("batch length d", [("d dk", "d dk")] * 3))
+        assert g.dims == {"batch": 2, "length": 7, "d": 4, "dk": 4, "length_1": 7}
+
+
+def test_a_second_rename_of_one_dim_is_suffixed_2():
+    """Three axes of one tensor from one dim: ``length``, ``length_1``, ``length_2``."""
+    g = trace(lambda x: x[:, :, None, None] * x[:, None, :, None] * x[:, None, None, :], S((2, 5), F32),
+              dims=("batch length",))
+    assert g.dims == {"batch": 2, "length": 5, "length_1": 5, "length_2": 5}
+
+
+def test_patch_embedding_gradient_names_the_grid_patches_and_tokens_once():
+    """ViT's front: a strided conv (patch grid), flattened to patches, a class token
+    concatenated. The gradient runs it backwards — a ``split`` of the tokens
+    (``concatenate``'s transpose), a reshape of the patches back to the grid, the kernel
+    gradient's conv (which relates no grid axis to the forward one) — and names each piece
+    as the forward pass did, not with new dims."""
+    def f(cls, k, images):
+        x = lax.conv_general_dilated(images, k, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        t = jnp.concatenate([jnp.broadcast_to(cls, (2, 1, 5)), x.reshape(2, 6, 5)], axis=1)
+        return jnp.sum(jnp.tanh(t) ** 2)
+
+    def sgd(cls, k, images):
+        return jax.tree.map(lambda p, g: p - 0.1 * g, (cls, k), jax.grad(f, argnums=(0, 1))(cls, k, images))
+
+    g = trace(sgd, S((5,), F32), S((4, 4, 3, 5), F32), S((2, 8, 12, 3), F32),
+              dims=("embed", "ph pw channels embed", "batch height width channels"))
+    # d2, d3: the 2 x 3 grid; d6: its patches; d7: the 1 + 6 tokens
+    assert set(g.dims) - {"embed", "ph", "pw", "channels", "batch", "height", "width"} == {"d2", "d3", "d6", "d7"}
+    (split,) = [op for op in g.ops() if op.kind == "reshape" and op.fn == "split"]
+    assert split.attr("groups")[1] == (("d6",), ("d2", "d3"))
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), F32) for s in ((5,), (4, 4, 3, 5), (2, 8, 12, 3))]
+    for got, want in zip(jax.tree.leaves(g.evaluate(*args)), jax.tree.leaves(sgd(*args))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bit_operations_are_elementwise():
+    """Shifts, population counts and same-width bitcasts (hashing, random-bit code) are
+    element-wise ops, evaluated as JAX does."""
+    def f(x):
+        y = jnp.right_shift(x, 3) ^ jnp.left_shift(x, 1) ^ lax.population_count(x)
+        return lax.bitcast_convert_type(y, jnp.int32)
+
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 2 ** 31, (4, 6)), jnp.uint32)
+    g = trace(f, x, dims=("batch d",))
+    assert {op.kind for op in g.ops()} == {"input", "elementwise"}
+    np.testing.assert_array_equal(g.evaluate(x), f(x))
