@@ -106,8 +106,8 @@ class StrictError(ValueError):
 # --------------------------------------------------------------------------- helpers
 def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
     if getattr(args, "json", False):
-        from autolayout.reporting.page import _jsonable
-        print(json.dumps(_jsonable(data), indent=2))
+        from autolayout.reporting.page import jsonable
+        print(json.dumps(jsonable(data), indent=2))
     else:
         print(text)
     return 0

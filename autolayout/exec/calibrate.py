@@ -313,9 +313,9 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     from jax import lax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from autolayout.exec.runner import _jax_mesh
+    from autolayout.exec.runner import jax_mesh
 
-    amesh, jmesh = _jax_mesh(mesh, devices)
+    amesh, jmesh = jax_mesh(mesh, devices)
     repeats = repeats or (3 if quick else 7)
     all_axes = tuple(amesh.axis_names)
     ndev = amesh.size

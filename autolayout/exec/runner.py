@@ -17,7 +17,7 @@ from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
 from autolayout.graph import Graph, align, require_graph
 
-__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS"]
+__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS", "jax_mesh"]
 
 BACKENDS = ("shard_map", "gspmd")
 # Issue 12 item 3: the predicted peak memory should be within 10% of XLA's memory_analysis of
@@ -173,7 +173,10 @@ class _Step:
 
 
 # ----------------------------------------------------------------------------- devices
-def _jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
+def jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
+    """``(autolayout Mesh, jax.sharding.Mesh)`` for ``mesh`` (anything ``Mesh.parse`` accepts,
+    laid over ``devices``, default ``jax.devices()``; or a ``jax.sharding.Mesh``); raises
+    ``NotEnoughDevicesError`` when the mesh needs more devices than there are."""
     import jax
 
     if isinstance(mesh, jax.sharding.Mesh):
@@ -424,7 +427,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     require_graph(graph, "execute")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    amesh, jmesh = _jax_mesh(mesh, devices)
+    amesh, jmesh = jax_mesh(mesh, devices)
     the_plan = make_plan(graph, amesh, layout)
     layout = the_plan.layout
     hw = get_hardware(hardware) if hardware is not None else default_hardware(jmesh)

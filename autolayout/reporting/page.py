@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Page", "Cell", "human"]
+__all__ = ["Page", "Cell", "human", "jsonable"]
 
 # Laid out for a 1200-px window (benchmarks/check_pages.py checks it): tables take the
 # page width and wrap their cells, long codes wrap instead of scrolling, figures scale down.
@@ -154,7 +154,7 @@ class Page:
                 (out / f"{b.name}.png").write_bytes(b.data)
         (out / "index.html").write_text(self.html())
         (out / "report.md").write_text(self.markdown())
-        (out / "summary.json").write_text(json.dumps(_jsonable(self.summary), indent=2, sort_keys=True) + "\n")
+        (out / "summary.json").write_text(json.dumps(jsonable(self.summary), indent=2, sort_keys=True) + "\n")
         return out
 
     def _footer(self) -> str:
@@ -257,15 +257,16 @@ def _md_table(df: Any) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy scalars, tuples and non-string keys made JSON-serialisable."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
         return None
     if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return _jsonable(x.item())
+        return jsonable(x.item())
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
     return str(x)
