@@ -384,12 +384,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
             state["solve_s"] += solver.WallTime()
             status = _status(code, lm.model)
         if status == "INFEASIBLE":
-            if not first:
-                return NO_OTHER
-            if state["bounded"]:
-                raise Dominated()
-            mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
+            return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
         in_time = time.perf_counter() - start < time_limit_s
         if status == "UNKNOWN" and not state["fit_known"] and in_time:
             probe *= 2  # no incumbent within the probe: give CP-SAT longer
@@ -421,12 +416,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                     state["upper"] = lm.units(point)
                     lm.prune(state["upper"])
             elif not lm.add_memory_row(points[at], limit):
-                if not first:
-                    return NO_OTHER
-                if state["bounded"]:
-                    raise Dominated()
-                mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-                raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
+                return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
             hint = point
             continue
         if mem <= limit or not points:
@@ -442,16 +432,24 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
                                state["solve_s"], notes + [over])
         if not lm.add_memory_row(points[at], limit):
-            if not first:
-                return NO_OTHER
-            if state["bounded"]:
-                raise Dominated()
-            mem, best, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-            raise SearchError(_memory_message(tables, wus, memory_limit, mem, best, proven), reason="memory")
+            return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
         hint = point
     nvar, ncons = lm.size()
     return Solved(point, status, obj, min(bound, obj), state["solve_s"], nvar, ncons, len(lm.memory_rows),
                   lm.tolerance_s(), notes, mem)
+
+
+def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: dict, left: float,
+               workers: int, seed: int, first: bool) -> str:
+    """The model has no layout left that fits: for a later point of :func:`solve_best` the list
+    ends (``NO_OTHER``); a model bounded by ``upper_s`` is :class:`Dominated`; otherwise
+    :class:`SearchError` with the smallest peak memory (:func:`min_memory`)."""
+    if not first:
+        return NO_OTHER
+    if state["bounded"]:
+        raise Dominated()
+    mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
+    raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
 
 
 def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Decoded, warm_fits: bool,
