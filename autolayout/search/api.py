@@ -199,7 +199,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
         upper = min((r.cost.time_s for r in results), default=None)
         try:
             results.append(_search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
-                                       max(left / (len(policies) - i), 0.05), num_workers, random_seed, start,
+                                       _share(left, len(policies), i), num_workers, random_seed, start,
                                        upper))
         except Dominated:
             slower.append(f"remat={policy}: no layout that fits is faster than {upper:.6g} s (proven)")
@@ -216,6 +216,14 @@ def _memory_limit(hw: Any, memory_limit: float | str | None) -> float:
     except SizeError as exc:
         raise SearchError(f"memory_limit must be a positive number of bytes per device or a size such as "
                           f"'16GiB' or '16GB', got {memory_limit!r}") from exc
+
+
+def _share(left: float, n: int, i: int) -> float:
+    """Time budget of the ``i``-th of ``n`` remat policies with ``left`` seconds left: the first
+    (``full``, unbounded) gets 60% when others follow, since the later ones are bounded by its
+    time and usually end quickly; the rest share what is left equally."""
+    share = 0.6 * left if i == 0 and n > 1 else left / (n - i)
+    return max(share, 0.05)
 
 
 def _policies(graph: Graph, remat: str | None) -> list[str]:
@@ -354,7 +362,7 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
             # a policy's layouts slower than the k-th found so far cannot enter the k best
             kth = sorted(r.cost.time_s for r in found)[k - 1] if len(found) >= k else math.inf
             rs, complete = _search_best(graph, mesh, hw, limit, policy, regions, shard_weight_update,
-                                        max(left / (len(policies) - i), 0.05), num_workers, random_seed, start, k,
+                                        _share(left, len(policies), i), num_workers, random_seed, start, k,
                                         distinct, kth, upper_s=kth if math.isfinite(kth) else None)
         except Dominated:
             continue  # proven: no layout of this policy that fits is as fast as the k-th found
