@@ -14,7 +14,8 @@ summary, which checks the harness. Variants:
 * ``operand transposes``: a heuristic for the copies XLA:CPU makes around a dot whose
   batch dims are not the leading dims of an operand (or whose free/contracting dims are
   not contiguous): read + write of that operand's local bytes at the stream bandwidth,
-  added to compute.
+  added to compute (``operand transposes``), or as a fifth fitted term with its own
+  rate (``transposes, own rate``: a strided copy is slower than a stream).
 
 Run: python benchmarks/refit_offline.py [--dir reports/validation]
 """
@@ -71,22 +72,41 @@ def size_dependent_compute(graph, layout, hw: Hardware, rates: dict[int, float])
     return total
 
 
+def copied_operands(op, local: dict[str, int]) -> list[int]:
+    """Indices of the operands XLA:CPU copies (transposes) before the dot, as its optimized
+    HLO shows for the MoE einsums (``benchmarks/einsum_layout.py``): the dot runs as
+    ``[batch, M, K] x [batch, K, N]``, so an operand is read in place only when its batch
+    dims lead (in the dot's order) and the rest is ``free + contracting`` (lhs) or
+    ``contracting + free`` (rhs), with the contracting dims in the lhs's order; the two
+    groups may also be swapped where each is a single dim (a layout-only transpose). Dims
+    of local size 1 are ignored. The dot's output is ``batch + lhs free + rhs free``, which
+    is how the graph records it, so its order gives the batch and free dims."""
+    shapes = [[d.name for d in s if local[d.name] > 1] for s in op.input_shapes]
+    out = [d.name for d in op.output.shape if local[d.name] > 1]
+    batch = [d for d in out if d in shapes[0] and d in shapes[1]]
+    free = [[d for d in out if d in s and d not in batch] for s in shapes]
+    contract = [d for d in shapes[0] if d in shapes[1] and d not in out]
+    copied = []
+    for i, s in enumerate(shapes):
+        canon = free[i] + contract if i == 0 else contract + free[i]
+        swapped = contract + free[i] if i == 0 else free[i] + contract
+        single = len(free[i]) <= 1 and len(contract) <= 1
+        if not (s[:len(batch)] == batch and (s[len(batch):] == canon or (single and s[len(batch):] == swapped))):
+            copied.append(i)
+    return copied
+
+
 def transposed_bytes(graph, layout) -> int:
     mesh, p = Mesh.parse(VALIDATION_MESH), plan(graph, VALIDATION_MESH, layout)
     total = 0
     for op in _contractions(graph):
-        out = [d.name for d in op.output.shape]
-        shapes = [[d.name for d in s] for s in op.input_shapes]
-        batch = [d for d in out if all(d in s for s in shapes)]
-        contract = set(shapes[0]) & set(shapes[1]) - set(out)
-        size = {d.name: d.size for d in op.dims}
-        for s in shapes:
-            tags = ["c" if d in contract else "f" for d in s[len(batch):]]
-            if s[:len(batch)] == batch and tags in (sorted(tags), sorted(tags, reverse=True)):
-                continue
-            local = math.prod(size[d] // math.prod(mesh.axis_size(a) for a in p.ops[op.name].axes.get(d, ()))
-                              for d in s)
-            total += 2 * local * 4 * op.multiplicity  # read + write, float32 (the validation models' dtype)
+        if len(op.inputs) != 2:
+            continue
+        local = {d.name: d.size // math.prod(mesh.axis_size(a) for a in p.ops[op.name].axes.get(d.name, ()))
+                 for d in op.dims}
+        for i in copied_operands(op, local):
+            # read + write, float32 (the validation models' dtype)
+            total += 2 * math.prod(local[d.name] for d in op.input_shapes[i]) * 4 * op.multiplicity
     return total
 
 
@@ -101,12 +121,13 @@ def main() -> None:
     gs = [graphs[m] for m in df.model]
     a = step_terms(hw, [StepSample(g, VALIDATION_MESH, lay, 1.0) for g, lay in zip(gs, lays)])
     fit = (df.half == "fit").to_numpy()
+    copies = np.array([transposed_bytes(g, lay) for g, lay in zip(gs, lays)], float)
     variants = {
         "baseline": a,
         "size-dependent efficiency": np.c_[[size_dependent_compute(g, lay, hw, rates) for g, lay in zip(gs, lays)],
                                            a[:, 1:]],
-        "operand transposes": np.c_[a[:, 0] + np.array([transposed_bytes(g, lay) for g, lay in zip(gs, lays)])
-                                    / hw.hbm_bandwidth, a[:, 1:]],
+        "operand transposes": np.c_[a[:, 0] + copies / hw.hbm_bandwidth, a[:, 1:]],
+        "transposes, own rate": np.c_[a, copies / hw.hbm_bandwidth],
     }
     for name, cols in variants.items():
         x = nnls_relative(cols[fit], df.fit_measured_ms.to_numpy()[fit] / 1e3)
