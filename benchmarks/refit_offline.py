@@ -15,7 +15,9 @@ summary, which checks the harness. Variants:
   batch dims are not the leading dims of an operand (or whose free/contracting dims are
   not contiguous): read + write of that operand's local bytes at the stream bandwidth,
   added to compute (``operand transposes``), or as a fifth fitted term with its own
-  rate (``transposes, own rate``: a strided copy is slower than a stream).
+  rate (``transposes, own rate``: a strided copy is slower than a stream);
+* ``Hardware.dot_operand_copies``: the cost model's own pricing of those copies
+  (:mod:`autolayout.costmodel.dotcopy`), which must agree with ``operand transposes``.
 
 Run: python benchmarks/refit_offline.py [--dir reports/validation]
 """
@@ -128,6 +130,8 @@ def main() -> None:
                                            a[:, 1:]],
         "operand transposes": np.c_[a[:, 0] + copies / hw.hbm_bandwidth, a[:, 1:]],
         "transposes, own rate": np.c_[a, copies / hw.hbm_bandwidth],
+        "Hardware.dot_operand_copies": step_terms(hw.replace(dot_operand_copies=True),
+                                                  [StepSample(g, VALIDATION_MESH, lay, 1.0) for g, lay in zip(gs, lays)]),
     }
     for name, cols in variants.items():
         x = nnls_relative(cols[fit], df.fit_measured_ms.to_numpy()[fit] / 1e3)
