@@ -5,8 +5,10 @@ held-out half) and ``report.md`` the micro-benchmarked profile. This script rebu
 profile, refits the four step terms (:func:`autolayout.exec.calibrate.step_terms`,
 :func:`~autolayout.exec.calibrate.nnls_relative`) on the fit half exactly as
 ``fit_step_profile`` does, with the compute column replaced by a variant's, and prints
-held-out Spearman and median |error| per model. ``baseline`` reproduces the committed
-summary, which checks the harness. Variants:
+held-out Spearman and median |error| per model. ``baseline`` prices no dot operand
+copies (the cost model before ``Hardware.dot_operand_copies``); the row of the profile the
+report was made with (``baseline`` for reports before it, ``Hardware.dot_operand_copies``
+since) reproduces the report's summary, which checks the harness. Variants:
 
 * ``size-dependent efficiency``: each contraction at the rate ``calibrate`` measured for
   the square matmul of its size (equivalent edge ``(flops / 2) ** (1/3)``, log-linear
