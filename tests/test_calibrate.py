@@ -187,3 +187,25 @@ def test_calibrated_raises_after_implausible_attempts(monkeypatch):
     with pytest.raises(CalibrationError, match=r"failed 2 time\(s\): implausible 1e\+06 GFLOP/s.*quieter machine"):
         calibrated(MESH, [Dev()] * 8, attempts=2)
     assert len(calls) == 2
+
+
+def test_fit_step_profile_scales_dot_operand_copies_with_compute():
+    """On a profile that prices XLA:CPU's dot operand copies (at HBM bandwidth, part of the
+    compute), step times made by a known profile (compute 1.6x slower, other link and
+    overhead) are fitted back to the constants chosen here, copies included, and the
+    fitted profile keeps pricing them."""
+    base = _cpu_like().replace(dot_operand_copies=True)
+    c, alpha, bw, overhead = 1.6, 50e-6, 4e8, 9e-6
+    truth = base.replace(peak_flops={k: v / c for k, v in base.peak_flops}, hbm_bandwidth=base.hbm_bandwidth / c,
+                         link=Link(bw, alpha, SWITCH), op_overhead_s=overhead)
+    g = models.moe()
+    lays = ["", "d_ff:cols", "experts:rows;d_ff:cols", "d_model:rows,cols", "batch:rows;capacity:cols",
+            "length:cols;capacity:rows"]
+    samples = [StepSample(g, MESH, lay, predict(g, MESH, lay, hardware=truth).time_s) for lay in lays]
+    assert predict(g, MESH, "d_ff:cols", hardware=base).compute_s > \
+        predict(g, MESH, "d_ff:cols", hardware=base.replace(dot_operand_copies=False)).compute_s
+    fit = fit_step_profile(base, samples)
+    assert math.isclose(fit.compute_scale, c, rel_tol=1e-6)
+    assert math.isclose(fit.link.bandwidth, bw, rel_tol=1e-6)
+    assert math.isclose(fit.op_overhead_s, overhead, rel_tol=1e-6)
+    assert fit.hardware.dot_operand_copies and fit.median_abs_rel_error < 1e-9

@@ -484,3 +484,59 @@ def test_storage_stage1_needs_a_linear_gradient_path():
     predict(g, "all:8", "batch:all|w:all@2")
     with pytest.raises(LayoutError, match=r"stage 1 keeps the gradient as a partial sum.*Use stage 2"):
         predict(g, "all:8", "batch:all|w:all@1")
+
+
+# ------------------------------------------------------------- dot operand copies
+def _xla_copied(op) -> tuple[int, ...]:
+    """The operands XLA:CPU copies before the dot: the optimized HLO of the op's
+    ``dot_general`` alone (operands in the graph's order, batch dims in the output's order,
+    contracting dims in the lhs's order) has a copy, transpose or fusion of that operand."""
+    import re
+
+    from jax import lax
+    shapes = [[d.name for d in s] for s in op.input_shapes]
+    size = {d.name: d.size for d in op.dims}
+    out = [d.name for d in op.output.shape]
+    batch = [d for d in out if d in shapes[0] and d in shapes[1]]
+    contract = [d for d in shapes[0] if d in shapes[1] and d not in out]
+    dn = (([shapes[0].index(d) for d in contract], [shapes[1].index(d) for d in contract]),
+          ([shapes[0].index(d) for d in batch], [shapes[1].index(d) for d in batch]))
+    args = [jnp.ones([size[d] for d in s], jnp.float32) for s in shapes]
+    text = jax.jit(lambda x, y: lax.dot_general(x, y, dn)).lower(*args).compile().as_text()
+    return tuple(i for i, name in enumerate("xy")
+                 if re.search(r"= f32\[[^\]]*\]\{[^}]*\} (fusion|copy|transpose)\(.*op_name=\"%s\"" % name, text))
+
+
+@pytest.mark.parametrize("model", ["moe", "transformer_lm"])
+def test_dot_operand_copies_match_xla_hlo(model):
+    """Which operands of every contraction need a copy: the rule against XLA's own
+    optimized HLO for the same dot (both copy and in-place cases occur in each model)."""
+    from autolayout.costmodel.dotcopy import copied_operands
+    g = getattr(models, model)()
+    ops = [op for op in g.ops() if op.kind == "einsum" and len(op.inputs) == 2]
+    got = {op.name: copied_operands(op, {d.name: d.size for d in op.dims}) for op in ops}
+    assert got == {op.name: _xla_copied(op) for op in ops}
+    assert any(got.values()) and not all(got.values())
+
+
+def test_dot_operand_copies_priced_by_hand():
+    """MoE's weight gradient ``becf,becd->efd`` under ``d_ff:cols``: both operands have the
+    batch dim ``experts`` second, so both are copied: 2 x (8*8*8*32 + 8*8*8*64) x 4 B =
+    393216 B at 1e9 B/s = 393.216 us on top of the op's compute; the gate einsum
+    ``bld,de->ble`` reads both in place (+0). Off (every datasheet profile): nothing."""
+    from autolayout.core import Mesh
+    from autolayout.costmodel.rules import op_cost
+    g = models.moe()
+    mesh = Mesh.parse("rows:2,cols:4")
+    hw = get_hardware("cpu").replace(hbm_bandwidth=1e9)
+    axes = {"d_ff": ("cols",)}
+    for name, extra in (("grad/w1", 393216 / 1e9), ("dot_general_0", 0.0)):
+        op = g.op(name)
+        off = op_cost(op, axes, mesh, hw)
+        on = op_cost(op, axes, mesh, hw.replace(dot_operand_copies=True))
+        assert math.isclose(on.compute_s - off.compute_s, extra, rel_tol=1e-12, abs_tol=1e-15)
+        assert on.comm_s == off.comm_s
+    assert [s.name for s in g.op("grad/w1").input_shapes[0]] == ["batch", "experts", "capacity", "d_ff"]
+    from autolayout.costmodel.hardware import Hardware, known_hardware
+    assert not any(get_hardware(n).dot_operand_copies for n in known_hardware())
+    assert Hardware.from_dict(hw.replace(dot_operand_copies=True).to_dict()).dot_operand_copies

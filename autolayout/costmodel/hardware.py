@@ -183,6 +183,9 @@ class Hardware:
             to the step. XLA:CPU's thunk executor dispatches every kernel from the device's
             thread, which time-slices with the other virtual devices' on shared cores:
             :func:`~autolayout.exec.calibrate.fit_step_profile` fits it to measured steps.
+        dot_operand_copies: whether a contraction also pays for copying the operands its dot
+            kernel cannot read in place (:mod:`~autolayout.costmodel.dotcopy`: XLA:CPU's
+            ``[batch, M, K]`` canonicalisation); ``calibrate`` sets it on CPU devices.
 
     >>> hw = get_hardware("tpu-v5p")
     >>> hw.peak("bfloat16")
@@ -203,6 +206,7 @@ class Hardware:
     description: str = ""
     sources: tuple[str, ...] = field(default=())
     op_overhead_s: float = 0.0
+    dot_operand_copies: bool = False
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -295,6 +299,7 @@ class Hardware:
             "description": self.description,
             "sources": list(self.sources),
             "op_overhead_s": self.op_overhead_s,
+            "dot_operand_copies": self.dot_operand_copies,
         }
 
     @classmethod

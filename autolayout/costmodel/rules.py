@@ -6,7 +6,9 @@ seed 003). This module prices an :class:`~autolayout.costmodel.plan.OpPlan`:
 
 * **compute**: a per-device roofline ``max(flops / (peak · efficiency), bytes /
   HBM bandwidth)`` (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4))
-  on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op;
+  on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op
+  and, where ``Hardware.dot_operand_copies``, the operand copies of a contraction
+  (:mod:`~autolayout.costmodel.dotcopy`) at HBM bandwidth;
   a mesh axis no dim of the op uses duplicates its work along that axis (paper
   §8.4), which the per-device figure shows directly;
 * **communication**: each collective step at :func:`~.collectives.collective_time`
@@ -24,6 +26,7 @@ from typing import Collection, Mapping
 
 from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
+from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import transient_bytes
 from autolayout.costmodel.placement import Step
@@ -140,6 +143,9 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
     if graph_op.kind not in NOT_EXECUTED:  # launch/dispatch cost of an executed op (Hardware.op_overhead_s)
         compute += hw.op_overhead_s
     sizes = _sizes(graph_op)
+    if hw.dot_operand_copies and graph_op.kind == "einsum" and len(graph_op.inputs) == 2:
+        local = {n: -(-size // math.prod(mesh.axis_size(a) for a in p.axes.get(n, ()))) for n, size in sizes.items()}
+        compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped), transient_bytes(p, graph_op, mesh, hw))

@@ -417,6 +417,9 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         # rendezvous of the device threads), so nothing overlaps compute there; the same
         # reason as the built-in cpu profile. Accelerators run them asynchronously.
         async_collectives=platform != "cpu",
+        # XLA:CPU copies a dot's operands into [batch, M, K] order where they are not
+        # (autolayout.costmodel.dotcopy; benchmarks/einsum_layout.py measures the cost)
+        dot_operand_copies=platform == "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),
