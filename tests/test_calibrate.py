@@ -80,9 +80,10 @@ def test_fit_alpha_beta_times_that_do_not_grow_raise():
 
 # ---------------------------------------------------------------- timing noise
 def test_per_iter_lost_in_noise_raises():
-    """A loop whose time does not depend on its trip count: the slope is noise."""
+    """A loop whose longer runs are not slower (here: the short run is the slow one, as noise
+    can make it): the slope is noise. Deterministic: the short run sleeps 10x longer."""
     def flat(x, k):
-        time.sleep(0.002)
+        time.sleep(0.02 if k == 1 else 0.002)
         return x
     with pytest.raises(CalibrationError, match=r"a 64x64 float32 matmul.*lost in timing noise.*repeats="):
         calibrate_module._per_iter(flat, 0, 1, 2, 1, "a 64x64 float32 matmul")
