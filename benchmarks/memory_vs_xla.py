@@ -131,33 +131,10 @@ def linen_bf16_mlp() -> tuple[Any, Any]:
 
 
 def top2_moe() -> tuple[Any, Any]:
-    """tests/test_libraries.py's top-2 MoE (``lax.top_k`` routing, dense combine), optax adamw."""
-    import jax.numpy as jnp
-    import optax
-
-    E, D, F, B = 4, 32, 64, 32
-
-    def moe(p, x):
-        w, idx = jax.lax.top_k(x @ p["router"], 2)
-        combine = jnp.einsum("bk,bke->be", jax.nn.softmax(w, axis=-1), jax.nn.one_hot(idx, E))
-        h = jax.nn.gelu(jnp.einsum("bd,edf->bef", x, p["w_in"]))
-        return jnp.einsum("be,bed->bd", combine, jnp.einsum("bef,efd->bed", h, p["w_out"]))
-
-    tx = optax.adamw(1e-3)
-
-    def step(params, opt_state, x, t):
-        loss, grads = jax.value_and_grad(lambda p: jnp.mean((moe(p, x) - t) ** 2))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    shapes = {"router": (D, E), "w_in": (E, D, F), "w_out": (E, F, D)}
-    params = {k: jax.random.normal(jax.random.key(i), s) * 0.2 for i, (k, s) in enumerate(shapes.items())}
-    args = (params, tx.init(params), jax.random.normal(jax.random.key(7), (B, D)),
-            jax.random.normal(jax.random.key(8), (B, D)))
-    g = trace(step, *args, dims=({"router": "embed experts", "w_in": "experts embed mlp",
-                                  "w_out": "experts mlp embed"}, None, "batch embed", "batch embed"),
-              roles=("param", "opt_state", "input", "input"), names={"d2": "top"})
-    return g, args
+    """examples/top2_moe.py (``lax.top_k`` routing, dense combine, optax adamw)."""
+    m = _example("top2_moe")
+    step, args = m.setup(experts=4, embed=32, mlp=64, batch=32)
+    return m.trace_moe(step, args), args
 
 
 USER: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {

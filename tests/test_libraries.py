@@ -156,30 +156,9 @@ def test_linen_bf16_mixed_precision_executes_like_jax_jit():
 
 def test_top2_moe_executes_like_jax_jit():
     """A top-2 mixture of experts (``lax.top_k`` routing, dense combine), optax adamw."""
-    import optax
-
-    E, D, F, B = 4, 16, 32, 16
-
-    def moe(p, x):
-        w, idx = jax.lax.top_k(x @ p["router"], 2)
-        combine = jnp.einsum("bk,bke->be", jax.nn.softmax(w, axis=-1), jax.nn.one_hot(idx, E))
-        h = jax.nn.gelu(jnp.einsum("bd,edf->bef", x, p["w_in"]))
-        return jnp.einsum("be,bed->bd", combine, jnp.einsum("bef,efd->bed", h, p["w_out"]))
-
-    tx = optax.adamw(1e-3)
-
-    def step(params, opt_state, x, t):
-        loss, grads = jax.value_and_grad(lambda p: jnp.mean((moe(p, x) - t) ** 2))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    shapes = {"router": (D, E), "w_in": (E, D, F), "w_out": (E, F, D)}
-    params = {k: jax.random.normal(jax.random.key(i), s) * 0.2 for i, (k, s) in enumerate(shapes.items())}
-    args = (params, tx.init(params), jax.random.normal(jax.random.key(7), (B, D)),
-            jax.random.normal(jax.random.key(8), (B, D)))
-    g = trace(step, *args, dims=({"router": "embed experts", "w_in": "experts embed mlp",
-                                  "w_out": "experts mlp embed"}, None, "batch embed", "batch embed"),
-              roles=("param", "opt_state", "input", "input"), names={"d2": "top"})
+    m = example("top2_moe")
+    step, args = m.setup(experts=4, embed=16, mlp=32, batch=16)
+    g = m.trace_moe(step, args)
     assert g.dims["top"] == 2
     for layout in ("batch:data;experts:model", "batch:data;mlp:model|*:data@3"):
         check(g, step, args, layout)
