@@ -83,6 +83,20 @@ def oracle(g, mesh, hw, memory_limit=INF):
     return None
 
 
+def maximal_storage_axes(g, mesh, lay, p, hw) -> list[tuple[str, ...]]:
+    """The axis sets ``predict`` accepts for storing parameter ``p`` under ``lay``'s rules,
+    keeping only the maximal ones (the options the search offers)."""
+    ok = []
+    for r in range(1, len(mesh) + 1):
+        for axes in itertools.combinations(mesh.axis_names, r):
+            try:
+                predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hardware=hw)
+                ok.append(axes)
+            except LayoutError:
+                pass
+    return [a for a in ok if not any(set(a) < set(b) for b in ok)]
+
+
 def assert_exact(r: SearchResult) -> None:
     """The solver's objective is predict's time of the returned layout (within the integer scaling)."""
     assert r.status == "OPTIMAL"
@@ -355,15 +369,7 @@ def storage_oracle(g, mesh, hw, memory_limit=INF):
     for lay in enumerate_layouts(g, mesh):
         choices = []
         for p in params:
-            ok = []
-            for r in range(1, len(mesh) + 1):
-                for axes in itertools.combinations(mesh.axis_names, r):
-                    try:
-                        predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hardware=hw)
-                        ok.append(axes)
-                    except LayoutError:
-                        pass
-            top = [a for a in ok if not any(set(a) < set(b) for b in ok)]
+            top = maximal_storage_axes(g, mesh, lay, p, hw)
             choices.append([None] + [(p, a, s) for a in top for s in (1, 2, 3)])
         for combo in itertools.product(*choices):
             entries = [c for c in combo if c is not None]
@@ -588,15 +594,7 @@ def ranked_by_enumeration(g, mesh, hw, memory_limit=INF, storage=False, symmetri
         if storage:
             choices = []
             for p in params:
-                ok = []
-                for r in range(1, len(mesh) + 1):
-                    for axes in itertools.combinations(mesh.axis_names, r):
-                        try:
-                            predict(g, mesh, Layout(lay.rules, [(p, axes, 1)]), hardware=hw)
-                            ok.append(axes)
-                        except LayoutError:
-                            pass
-                top = [a for a in ok if not any(set(a) < set(b) for b in ok)]
+                top = maximal_storage_axes(g, mesh, lay, p, hw)
                 options = [None]
                 for a in top:  # a stage with the same effect as a lower one is the same layout (search/wus.py)
                     effects = []
