@@ -47,13 +47,33 @@ every other device) depends on the link topology:
   https://jax-ml.github.io/scaling-book/sharding/). Latency ``(n-1) alpha``
   as for the pairwise exchange (``n-1`` shift steps).
 
+In-process devices (``topology="in-process"``: XLA:CPU's virtual devices, threads of
+one process) move no data over a wire: XLA's in-process communicator runs every
+collective as one *rendezvous* of its group — the participants meet, each computes its
+part of the result from the others' buffers in shared memory, and each waits for all
+to finish (openxla/xla ``xla/backends/cpu/collectives/in_process_communicator.cc``,
+``OpParticipants``; an all-reduce that XLA's all-reduce combiner merged still runs one
+rendezvous per buffer, ``xla/backends/cpu/runtime/all_reduce_thunk.cc``). There are no
+ring steps, so the latency does not depend on the kind: an all-reduce costs what a
+reduce-scatter or an all-gather costs, not twice (so weight-update sharding, which
+turns one all-reduce into a reduce-scatter and an all-gather, pays one more
+rendezvous). What the rendezvous waits for grows with the group: measured on 8 virtual
+CPU devices sharing 2 cores (``benchmarks/calibrate_validate.py --collectives``), a
+1 KiB collective took 40, 72 and 113 us for groups of 2, 4 and 8, every kind alike
+within 15%, and one over two axes (2 x 4) as one over a single axis of 8: ``ceil(log2
+n)`` rounds of ``alpha`` (:func:`latency_steps`). The bytes are priced with the ring
+factors above (each device reads or writes about the full buffer either way;
+``B`` is fitted on them).
+
 Several mesh axes: phase by axis, see :func:`collective_time`.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 
-from autolayout.costmodel.hardware import RING, SWITCH, Link
+from autolayout.costmodel.hardware import IN_PROCESS, RING, SWITCH, Link
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"
@@ -82,6 +102,28 @@ def _check(operand_bytes: float, n: int) -> None:
         raise ValueError(f"group size n must be a positive integer, got {n}")
 
 
+def latency_steps(kind: str, n: int, topology: str) -> int:
+    """How many ``alpha`` one collective of ``kind`` over ``n`` devices waits: the ring
+    algorithms' steps (``2 (n-1)`` for all-reduce, ``n-1`` for the others) on ``"ring"``
+    and ``"switch"`` links; ``ceil(log2 n)`` rounds of one rendezvous, whatever the kind,
+    on ``"in-process"`` links (see the module docstring).
+
+    >>> latency_steps("all-reduce", 4, "switch"), latency_steps("all-reduce", 4, "in-process")
+    (6, 2)
+    >>> latency_steps("reduce-scatter", 8, "ring"), latency_steps("reduce-scatter", 8, "in-process")
+    (7, 3)
+    """
+    kind = normalize_kind(kind)
+    _check(0, n)
+    if n == 1:
+        return 0
+    if topology == IN_PROCESS:
+        return math.ceil(math.log2(n) - 1e-12)
+    if topology not in (RING, SWITCH):  # Link validates its topology; this guards future additions.
+        raise ValueError(f"no latency model for topology {topology!r}")
+    return 2 * (n - 1) if kind == ALL_REDUCE else n - 1
+
+
 def reduce_scatter_time(operand_bytes: float, n: int, link: Link) -> float:
     """Ring reduce-scatter of the local ``operand_bytes`` over ``n`` devices.
 
@@ -93,7 +135,7 @@ def reduce_scatter_time(operand_bytes: float, n: int, link: Link) -> float:
     _check(operand_bytes, n)
     if n == 1:
         return 0.0
-    return (n - 1) / n * operand_bytes / link.bandwidth + (n - 1) * link.latency
+    return (n - 1) / n * operand_bytes / link.bandwidth + latency_steps(REDUCE_SCATTER, n, link.topology) * link.latency
 
 
 def all_gather_time(operand_bytes: float, n: int, link: Link) -> float:
@@ -108,7 +150,7 @@ def all_gather_time(operand_bytes: float, n: int, link: Link) -> float:
     _check(operand_bytes, n)
     if n == 1:
         return 0.0
-    return (n - 1) * operand_bytes / link.bandwidth + (n - 1) * link.latency
+    return (n - 1) * operand_bytes / link.bandwidth + latency_steps(ALL_GATHER, n, link.topology) * link.latency
 
 
 def all_reduce_time(operand_bytes: float, n: int, link: Link) -> float:
@@ -122,7 +164,7 @@ def all_reduce_time(operand_bytes: float, n: int, link: Link) -> float:
     _check(operand_bytes, n)
     if n == 1:
         return 0.0
-    return 2 * (n - 1) / n * operand_bytes / link.bandwidth + 2 * (n - 1) * link.latency
+    return 2 * (n - 1) / n * operand_bytes / link.bandwidth + latency_steps(ALL_REDUCE, n, link.topology) * link.latency
 
 
 def all_to_all_time(operand_bytes: float, n: int, link: Link) -> float:
@@ -139,13 +181,13 @@ def all_to_all_time(operand_bytes: float, n: int, link: Link) -> float:
     _check(operand_bytes, n)
     if n == 1:
         return 0.0
-    if link.topology == SWITCH:
+    if link.topology in (SWITCH, IN_PROCESS):  # in-process: each device copies its L/n chunks to the others
         factor = (n - 1) / n
     elif link.topology == RING:
         factor = (n * n - n % 2) / (4 * n)
     else:  # Link validates its topology; this guards future additions.
         raise ValueError(f"no all-to-all model for topology {link.topology!r}")
-    return factor * operand_bytes / link.bandwidth + (n - 1) * link.latency
+    return factor * operand_bytes / link.bandwidth + latency_steps(ALL_TO_ALL, n, link.topology) * link.latency
 
 
 _SINGLE_AXIS = {
@@ -180,6 +222,11 @@ def collective_time(kind: str, operand_bytes: float, groups: Sequence[tuple[int,
 
     With equal links the bandwidth term equals one flat ring over ``prod(n_i)`` devices.
 
+    On ``"in-process"`` links the collective is one rendezvous of all ``prod(n_i)``
+    devices however it is phased: its latency is ``sum_i ceil(log2 n_i) * alpha_i`` once
+    (``ceil(log2 prod(n_i)) * alpha`` for equal links and power-of-two sizes), and the
+    phases add only their bytes.
+
     >>> ici, dcn = Link(1e11, 0.0), Link(1e10, 0.0)
     >>> round(collective_time("all-reduce", 8e9, [(2, dcn), (4, ici)]), 6)
     0.32
@@ -192,6 +239,17 @@ def collective_time(kind: str, operand_bytes: float, groups: Sequence[tuple[int,
     phases = [(int(size), link) for size, link in groups if size > 1]
     if not phases:
         return 0.0
+    # in-process: one rendezvous for the whole collective (latency once), the phases' bytes
+    rendezvous = sum(latency_steps(kind, n, IN_PROCESS) * link.latency for n, link in phases
+                     if link.topology == IN_PROCESS)
+    if rendezvous:
+        phases = [(n, dataclasses.replace(link, latency=0.0) if link.topology == IN_PROCESS else link)
+                  for n, link in phases]
+    return rendezvous + _phased(kind, operand_bytes, phases)
+
+
+def _phased(kind: str, operand_bytes: float, phases: list[tuple[int, Link]]) -> float:
+    """:func:`collective_time` of ``phases`` (axes of size > 1), phase by phase."""
     fast_first = sorted(phases, key=lambda p: -p[1].bandwidth)  # stable: equal links keep order
     if kind == ALL_GATHER:
         total, size_now = 0.0, float(operand_bytes)

@@ -49,7 +49,10 @@ TERA = 1e12
 
 RING = "ring"
 SWITCH = "switch"
-_TOPOLOGIES = (RING, SWITCH)
+# Devices that are threads of one process (XLA:CPU's virtual devices): every collective
+# is one in-process rendezvous of its group (autolayout.costmodel.collectives).
+IN_PROCESS = "in-process"
+_TOPOLOGIES = (RING, SWITCH, IN_PROCESS)
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,12 @@ class Link:
             axis achieves (the ``B`` of ``(n-1)/n * V / B``); see the module
             docstring for how it is derived from per-link figures.
         latency: seconds per collective step (per hop on a torus), alpha.
-        topology: ``"ring"`` (torus axis: data hops neighbour to neighbour)
-            or ``"switch"`` (any device reaches any other in one hop, e.g.
-            NVSwitch). Only all-to-all cost depends on it.
+        topology: ``"ring"`` (torus axis: data hops neighbour to neighbour),
+            ``"switch"`` (any device reaches any other in one hop, e.g.
+            NVSwitch; only all-to-all cost differs from a ring) or
+            ``"in-process"`` (devices are threads of one process, XLA:CPU:
+            every collective is one rendezvous whose latency does not depend
+            on its kind; :mod:`~autolayout.costmodel.collectives`).
         description: free text, e.g. where the numbers come from.
 
     >>> Link(bandwidth=1e11, latency=1e-6).bandwidth

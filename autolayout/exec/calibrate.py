@@ -18,7 +18,10 @@ program), so shared resources are shared as in a real step — on this machine
   :func:`~autolayout.costmodel.collectives.collective_time`: priced once with a
   unit latency and once with a unit inverse bandwidth it gives each sample's
   ``steps`` and ``bytes`` coefficients, and ``t = alpha * steps + bytes / B`` is
-  fitted by non-negative least squares on relative errors.
+  fitted by non-negative least squares on relative errors. On CPU devices the links
+  are ``"in-process"`` (every collective one rendezvous of its group, ``ceil(log2 n)``
+  latency steps whatever its kind: :mod:`~autolayout.costmodel.collectives`), elsewhere
+  ``"switch"``.
 * **whole steps** (:func:`fit_step_profile`): what only real steps show (XLA's
   fusion of element-wise ops, a dispatch cost per executed op, collectives between
   compute waiting for the slowest of the device threads that share the cores)
@@ -41,7 +44,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from autolayout.costmodel.collectives import KINDS, collective_time
-from autolayout.costmodel.hardware import SWITCH, Hardware, Link
+from autolayout.costmodel.hardware import IN_PROCESS, SWITCH, Hardware, Link
 
 __all__ = ["calibrate", "fit_alpha_beta", "fit_step_profile", "step_terms", "nnls_relative", "collective_terms",
            "CalibrationError", "StepSample", "StepFit", "STEP_TERMS"]
@@ -208,8 +211,9 @@ def step_terms(hardware: Hardware, samples: Sequence[StepSample]) -> np.ndarray:
         raise CalibrationError(f"fitting step times on {hardware.name!r}: it overlaps collectives with compute "
                                "(async_collectives=True), so step time is not linear in the link figures; fit a "
                                "profile with async_collectives=False (CPU devices)")
-    lat = hardware.replace(link=Link(float("inf"), 1.0, SWITCH), axis_links=(), op_overhead_s=0.0)
-    per_byte = lat.replace(link=Link(1.0, 0.0, SWITCH))
+    topology = hardware.link.topology  # the latency steps depend on it (collectives.latency_steps)
+    lat = hardware.replace(link=Link(float("inf"), 1.0, topology), axis_links=(), op_overhead_s=0.0)
+    per_byte = lat.replace(link=Link(1.0, 0.0, topology))
     per_op = lat.replace(op_overhead_s=1.0)
     rows = []
     for s in samples:
@@ -255,7 +259,7 @@ def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepF
             f"term (compute scale {c:.3g}, latency {alpha:.3g} s/step, inverse bandwidth {inv_b:.3g} s/B, "
             f"per-op overhead {overhead:.3g} s): the times do not grow with the work; measure more layouts (with "
             "and without collectives) or more repeats, on a quieter machine")
-    link = Link(1.0 / inv_b, alpha, SWITCH, f"fitted to {len(t)} measured steps")
+    link = Link(1.0 / inv_b, alpha, hardware.link.topology, f"fitted to {len(t)} measured steps")
     peaks = {k: v / c for k, v in hardware.peak_flops}
     note = (f"refitted to {len(t)} measured steps: compute x{c:.3f} (peak and memory bandwidth / {c:.3f}), "
             f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s, "
@@ -316,6 +320,10 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     from autolayout.exec.runner import jax_mesh
 
     amesh, jmesh = jax_mesh(mesh, devices)
+    platform = jmesh.devices.flat[0].platform
+    # XLA:CPU's virtual devices are threads of this process: every collective is one
+    # in-process rendezvous (costmodel.collectives); accelerators get one-hop links
+    topology = IN_PROCESS if platform == "cpu" else SWITCH
     repeats = repeats or (3 if quick else 7)
     all_axes = tuple(amesh.axis_names)
     ndev = amesh.size
@@ -386,20 +394,19 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
                 t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats,
                                  f"a {operand} B {kind} over mesh axis {axis}:{size}")
                 samples.append((kind, float(operand), size, t))
-        alpha, bw = fit_alpha_beta(samples, what=f"mesh axis {axis}:{size}")
+        alpha, bw = fit_alpha_beta(samples, topology=topology, what=f"mesh axis {axis}:{size}")
         pooled.extend(samples)
-        links[axis] = Link(bw, alpha, SWITCH, f"calibrated on mesh axis {axis}:{size} ({len(samples)} samples)")
+        links[axis] = Link(bw, alpha, topology, f"calibrated on mesh axis {axis}:{size} ({len(samples)} samples)")
         notes.append(f"axis {axis}:{size}: alpha {alpha * 1e6:.1f} us/step, B {bw / 1e9:.2f} GB/s; "
                      + ", ".join(f"{k} {int(v)}B {t * 1e6:.0f}us" for k, v, _, t in samples))
         if verbose:
             print(notes[-1])
     if pooled:
-        alpha, bw = fit_alpha_beta(pooled, what="all mesh axes pooled")
-        link = Link(bw, alpha, SWITCH, "pooled fit over all mesh axes")
+        alpha, bw = fit_alpha_beta(pooled, topology=topology, what="all mesh axes pooled")
+        link = Link(bw, alpha, topology, "pooled fit over all mesh axes")
     else:
         raise CalibrationError(f"calibrating links: mesh {amesh} has no axis of size > 1, so no collective "
                                "can be measured; calibrate on a mesh with at least 2 devices on an axis")
-    platform = jmesh.devices.flat[0].platform
     if memory_bytes is None:
         memory_bytes, mem_note = _host_memory_per_device(jmesh)
     else:
