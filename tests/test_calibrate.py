@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import time
 
 import numpy as np
 import pytest
 
 from autolayout import models
-from autolayout.costmodel.hardware import SWITCH, Hardware, Link, get_hardware
+from autolayout.costmodel.collectives import collective_time
+from autolayout.costmodel.hardware import IN_PROCESS, SWITCH, Hardware, Link, get_hardware
 from autolayout.costmodel.predict import predict
 from autolayout.exec.calibrate import (CalibrationError, StepSample, fit_alpha_beta, fit_step_profile,
-                                       nnls_relative)
+                                       nnls_relative, step_terms)
 
 MESH = "rows:2,cols:4"
 # the module (autolayout.exec re-exports its function calibrate under the same name)
@@ -210,3 +212,97 @@ def test_fit_step_profile_scales_dot_operand_copies_with_compute():
     assert math.isclose(fit.link.bandwidth, bw, rel_tol=1e-6)
     assert math.isclose(fit.op_overhead_s, overhead, rel_tol=1e-6)
     assert fit.hardware.dot_operand_copies and fit.median_abs_rel_error < 1e-9
+
+
+# ------------------------------------------------- in-process links (XLA:CPU devices)
+ROUNDS = {2: 1, 3: 2, 4: 2, 8: 3}  # ceil(log2 n), written out
+
+
+def hand_in_process(kind: str, v: float, n: int, alpha: float, bw: float) -> float:
+    """One rendezvous of ``n`` threads: ``ceil(log2 n)`` alpha whatever the kind, the bytes as
+    the ring formulas of :func:`hand_time`."""
+    return ROUNDS[n] * alpha + hand_time(kind, v, n, 0.0, bw)
+
+
+def test_in_process_collective_time_by_hand():
+    """Latency once per collective, the same for every kind (an all-reduce is one rendezvous,
+    not twice a reduce-scatter's ring steps); over two axes one rendezvous of all devices."""
+    link = Link(1e9, 1e-5, IN_PROCESS)
+    for kind in ("all-reduce", "reduce-scatter", "all-gather", "all-to-all"):
+        for n in (2, 3, 4, 8):
+            assert math.isclose(collective_time(kind, 0.0, [(n, link)]), ROUNDS[n] * 1e-5, rel_tol=1e-12)
+            assert math.isclose(collective_time(kind, 4e6, [(n, link)]), hand_in_process(kind, 4e6, n, 1e-5, 1e9),
+                                rel_tol=1e-12)
+    # all-reduce over rows:2 x cols:4: one rendezvous of 8 (3 rounds), the bytes of a flat ring of 8
+    assert math.isclose(collective_time("all-reduce", 8e6, [(2, link), (4, link)]),
+                        3e-5 + 2 * 7 / 8 * 8e6 / 1e9, rel_tol=1e-12)
+    # the ring model of the same link charges an all-reduce twice a reduce-scatter's steps
+    ring = Link(1e9, 1e-5, SWITCH)
+    assert collective_time("all-reduce", 0.0, [(4, ring)]) == pytest.approx(2 * collective_time(
+        "reduce-scatter", 0.0, [(4, ring)]))
+
+
+@pytest.mark.parametrize("alpha,bw", [(40e-6, 4e8), (5e-6, 2e9)])
+def test_fit_alpha_beta_in_process_recovers_hand_formula(alpha, bw):
+    samples = [(kind, float(v), n, hand_in_process(kind, v, n, alpha, bw))
+               for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+               for v in (4096, 65536, 1 << 20) for n in (2, 4, 8)]
+    a, b = fit_alpha_beta(samples, topology=IN_PROCESS)
+    assert math.isclose(a, alpha, rel_tol=1e-6) and math.isclose(b, bw, rel_tol=1e-6)
+    # the same samples read with the ring model's steps fit worse: the latency is not the ring's
+    switch_alpha, _ = fit_alpha_beta(samples, topology=SWITCH)
+    assert not math.isclose(switch_alpha, alpha, rel_tol=0.05)
+
+
+def _hlo_rendezvous_rounds(hlo_text: str) -> int:
+    """Sum over the collectives of an HLO module (one per buffer, as XLA:CPU runs them) of
+    ceil(log2 group size), read off ``replica_groups={{...},...}`` by hand."""
+    total = 0
+    for line in hlo_text.splitlines():
+        m = re.search(r"\b(all-reduce|reduce-scatter|all-gather|all-to-all)\(.*replica_groups=\{\{([\d,]+)\}", line)
+        if m:
+            total += ROUNDS[len(m.group(2).split(","))]
+    return total
+
+
+def test_in_process_latency_counts_the_compiled_collectives():
+    """On a latency-only in-process profile the predicted communication time of the MLP is
+    alpha x the rendezvous rounds of the compiled program's collectives (XLA's HLO read by
+    hand): the weight-update-sharded layout, whose reduce-scatter + all-gather pairs replace
+    all-reduces, pays one more rendezvous per sharded parameter (the ring model priced them
+    equal). The step refit's latency column is the same count."""
+    from autolayout.exec import execute
+
+    alpha = 1e-5
+    hw = get_hardware("cpu").replace(link=Link(float("inf"), alpha, IN_PROCESS), axis_links=())
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    plain, wus = "hidden:cols;batch:rows", "hidden:cols;batch:rows|bias:rows@2;v:rows;w:rows"
+    rounds = {}
+    for lay in (plain, wus):
+        ex = execute(g, MESH, lay, hardware=hw, repeats=1, reference=False,
+                     compiler_options={"xla_backend_optimization_level": 0})
+        rounds[lay] = _hlo_rendezvous_rounds(ex.hlo_text)
+        assert math.isclose(predict(g, MESH, lay, hardware=hw).comm_s, alpha * rounds[lay], rel_tol=1e-9)
+        assert math.isclose(step_terms(hw, [StepSample(g, MESH, lay, 1.0)])[0, 1], rounds[lay], rel_tol=1e-9)
+    # the mlp's three parameters each trade one all-reduce over rows:2 for a reduce-scatter and an all-gather
+    assert rounds[wus] - rounds[plain] == 3
+    ring = hw.replace(link=Link(float("inf"), alpha, SWITCH))
+    assert math.isclose(predict(g, MESH, wus, hardware=ring).comm_s, predict(g, MESH, plain, hardware=ring).comm_s)
+
+
+def test_fit_step_profile_keeps_in_process_links():
+    """Step times made by a known in-process profile are fitted back to it, and the fitted
+    profile keeps the topology (its latency steps are rendezvous rounds)."""
+    base = _cpu_like().replace(link=Link(1e9, 30e-6, IN_PROCESS))
+    c, alpha, bw, overhead = 1.3, 70e-6, 3e8, 8e-6
+    truth = base.replace(peak_flops={k: v / c for k, v in base.peak_flops}, hbm_bandwidth=base.hbm_bandwidth / c,
+                         link=Link(bw, alpha, IN_PROCESS), op_overhead_s=overhead)
+    g = models.mlp(batch=64, d_io=32, d_hidden=128)
+    lays = ["", "batch:rows,cols", "hidden:cols;batch:rows", "io:rows,cols", "hidden:cols;batch:rows|*:rows",
+            "batch:cols|*:rows"]
+    fit = fit_step_profile(base, [StepSample(g, MESH, lay, predict(g, MESH, lay, hardware=truth).time_s)
+                                  for lay in lays])
+    assert fit.link.topology == IN_PROCESS and fit.hardware.link.topology == IN_PROCESS
+    assert math.isclose(fit.compute_scale, c, rel_tol=1e-6) and math.isclose(fit.link.latency, alpha, rel_tol=1e-6)
+    assert math.isclose(fit.link.bandwidth, bw, rel_tol=1e-6) and math.isclose(fit.op_overhead_s, overhead,
+                                                                                rel_tol=1e-6)
