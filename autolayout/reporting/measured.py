@@ -303,7 +303,8 @@ def ranking_experiment(layouts_per_model: int = LAYOUTS_PER_MODEL, rounds: int =
             "fit_measured_ms": r.get("fit_measured_s", math.nan) * 1e3,
             "collectives_match": bool(ex.collectives_match), "collectives": len(ex.compiled_collectives),
             "max_abs_error": ex.max_abs_error})
-    return {"rows": rows, "micro": micro, "fit": fit, "search_fit": search_fit, "calib_s": calib_s, "rounds": rounds, "seed": seed,
+    return {"rows": rows, "micro": micro, "fit": fit, "search_fit": search_fit, "calib_s": calib_s,
+            "rounds": rounds, "seed": seed,
             "total_s": time.perf_counter() - t0, "devices": len(devices), "verified": verified,
             "verify_k": verify_k}
 
@@ -395,7 +396,8 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
         f"in the final round that measured every layout (compute x{fit.compute_scale:.2f}, "
         f"{fit.link.latency * 1e6:.0f} us, {fit.link.bandwidth / 1e9:.2f} GB/s, {fit.op_overhead_s * 1e6:.0f} us), "
         f"which prices the predictions below, so that load drifting on the shared cores between the rounds does not "
-        f"read as model error. The other half and the searched layouts are held out from both. On them, per model, Spearman rho = "
+        f"read as model error. The other half and the searched layouts are held out from both. On them, per model, "
+        f"Spearman rho = "
         + ", ".join(f"{r.model} {r.spearman:.2f}" for r in per.itertuples())
         + f" (target >= {TARGETS['spearman']}: {'met' if met['spearman'] else 'not met'}); median |error| "
         + ", ".join(f"{r.model} {r.median_abs_error:.0%}" for r in per.itertuples())
@@ -427,7 +429,8 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
                       if k else {}),
                    "collectives match": st.collectives_match}))
     if k:
-        page.paragraph(f"*searched*: the layout the search picked with the first-round refitted profile, the model alone. "
+        page.paragraph(f"*searched*: the layout the search picked with the first-round refitted profile, the model "
+                       f"alone. "
                        f"*verify={k}*: `search(..., verify={k})`, which ran the search's {k} best predicted layouts "
                        f"(distinct rules) here and kept the measured fastest; it is not scored in the held-out "
                        "accuracy unless it is also a held-out or searched layout. Its candidates, in predicted "
