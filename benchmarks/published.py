@@ -80,24 +80,36 @@ WHY = {
 }
 
 
-def attention_scores_s(g, c) -> float:
-    """Predicted seconds per step of the non-matmul ops (softmax, masking, their gradients and
-    sums) on attention-score tensors — those with two sequence dims, ``[batch, heads, length,
-    length]`` — in ``c`` (a :class:`~autolayout.costmodel.Cost` of ``g``): the HBM traffic a
-    flash-attention kernel (MaxText, PaLM's TPU kernels) keeps on chip. A measured part of
-    the prediction, not a correction: the report shows the MFU with and without it."""
+def branch_sum_saving_s(g, c) -> float:
+    """Predicted seconds of exposed all-reduces that summing partial results before reducing
+    them would save (Mesh-TensorFlow's ``LazyAllreduceSum``, mesh_tensorflow/ops.py: an add of
+    lazily all-reduced tensors over the same mesh axes is reduced once; Megatron-LM and PaLM do
+    so by hand): for every tree of add ops whose leaves are all contraction outputs all-reduced
+    over the same axes (PaLM's attention + MLP branch outputs; the q, k, v input gradients),
+    all but the slowest of their exposed all-reduces. Read from the plan of ``c`` (``predict``
+    of ``g``): a measured part of the prediction; the cost model reduces every contraction's
+    output on its own, so this is reported, not priced."""
+    from autolayout.costmodel.attention import kernel_graph
     from autolayout.remat import rematerialize
 
-    gg = rematerialize(g, c.layout.remat or "none")
-    total = 0.0
-    for row in c.per_op.itertuples():
-        op = gg.op(row.op)
-        if op.kind == "einsum" and len(op.inputs) >= 2:
-            continue  # the contractions run on the MXU either way
-        shapes = [op.output.dim_names] + [tuple(d.name for d in s) for s in op.input_shapes]
-        if any(sum(n.startswith("length") for n in dims) >= 2 for dims in shapes):
-            total += row.compute_s * row.count
-    return total
+    gg = rematerialize(kernel_graph(g, c.hardware), c.layout.remat or "none")
+    exposed: dict[str, dict[tuple, float]] = {}
+    for col in c.collectives:
+        if col.kind == "all-reduce" and not col.overlapped and col.tensor == col.op:
+            per = exposed.setdefault(col.op, {})
+            per[col.mesh_axes] = per.get(col.mesh_axes, 0.0) + col.time_s * col.count
+    reduced = {op: next(iter(per)) for op, per in exposed.items() if len(per) == 1}
+    leaves: dict[str, list[str]] = {}  # add tree -> its reduced leaves
+    for op in gg.ops():
+        if op.kind == "elementwise" and op.fn in ("add", "add_any") and all(
+                i in reduced or i in leaves for i in op.inputs):
+            leaves[op.name] = [x for i in op.inputs for x in (leaves.pop(i) if i in leaves else [i])]
+    saving = 0.0
+    for group in leaves.values():
+        if len({reduced[x] for x in group}) == 1:
+            times = [exposed[x][reduced[x]] for x in group]
+            saving += sum(times) - max(times)
+    return saving
 
 
 def hardware(run):
@@ -135,16 +147,24 @@ def main(argv=None) -> int:
             row["own"] = "pipeline parallelism: not expressible"
         else:
             c = predict(g, mesh, lay, hardware=hw)
-            attn = attention_scores_s(g, c)
-            row.update(own=lay, own_mfu=c.mfu, own_time=c.time_s, own_mem=c.memory_bytes, own_fits=c.fits,
-                       own_exposed=c.exposed_comm_s, own_compute=c.compute_s, own_overlapped=c.overlapped_comm_s,
-                       own_attn=attn, own_mfu_flash=c.mfu * c.time_s / (c.time_s - attn),
-                       own_mfu_flash_hidden=c.mfu * c.time_s / (c.time_s - attn - c.exposed_comm_s))
+            saving = branch_sum_saving_s(g, c)
+            # before: the attention materialised and the layers sequential (the earlier model)
+            kw0 = run.zoo_kwargs()
+            g0 = getattr(models, run.model.fn)(**{**kw0, "parallel_layers": False}) if kw0.get(
+                "parallel_layers") else g
+            c0 = predict(g0, mesh, lay, hardware=hw.replace(fused_attention=False))
+            row.update(own=lay, own_mfu=c.mfu, own_hfu=c.hfu, own_time=c.time_s, own_mem=c.memory_bytes,
+                       own_fits=c.fits, own_exposed=c.exposed_comm_s, own_compute=c.compute_s,
+                       own_overlapped=c.overlapped_comm_s, own_saving=saving,
+                       own_mfu_summed=c.mfu * c.time_s / (c.time_s - saving),
+                       before_mfu=c0.mfu, before_mem=c0.memory_bytes, before_fits=c0.fits,
+                       fused=hw.fused_attention, parallel=bool(kw0.get("parallel_layers")))
             print(f"   published layout {lay}: {c.time_s:.3f} s/step, MFU {c.mfu:.1%} (HFU {c.hfu:.1%}), "
                   f"compute {c.compute_s:.3f} s, exposed comm {c.exposed_comm_s:.3f} s, "
-                  f"{c.memory_bytes / GIB:.1f} GiB{'' if c.fits else ' DOES NOT FIT'}; attention-score "
-                  f"element-wise {attn:.3f} s (MFU without it {row['own_mfu_flash']:.1%}, and without "
-                  f"exposed comm too {row['own_mfu_flash_hidden']:.1%})", flush=True)
+                  f"{c.memory_bytes / GIB:.1f} GiB{'' if c.fits else ' DOES NOT FIT'}; fused attention "
+                  f"{hw.fused_attention}, parallel layers {row['parallel']}; before (materialised scores, "
+                  f"sequential layers) MFU {c0.mfu:.1%}, {c0.memory_bytes / GIB:.1f} GiB; all-reduces a branch "
+                  f"sum would save {saving:.3f} s (MFU {row['own_mfu_summed']:.1%})", flush=True)
         if not args.no_search:
             t0 = time.perf_counter()
             try:
@@ -199,21 +219,30 @@ def write(rows) -> None:
                      f"{pct(r.get('own_mfu'))} | {d} | `{r.get('search', '–')}` | {pct(r.get('search_mfu'))} | "
                      f"{s_mem} | {how} |")
     lines += ["", "## Where the predicted time of the published layouts goes", "",
-              "Attention scores s: the predicted time of the element-wise ops on `[batch, heads, length, "
-              "length]` tensors (softmax, mask, their gradients), which a flash-attention kernel keeps on "
-              "chip; the two MFU columns after it take that time, then the exposed communication too, out "
-              "of the predicted step (measured parts of the prediction, not corrections).",
+              "*Before*: the earlier model of this report, attention materialised (scores `[batch, heads, "
+              "length, length]` written to and read from HBM, saved for the backward pass) and PaLM's layers "
+              "sequential. *After*: attention fused where the profile says a kernel runs it "
+              "(`Hardware.fused_attention`: TPU v4+ and H100; `autolayout/costmodel/attention.py`, "
+              "FlashAttention's IO: scores on chip, recomputed in the backward) and PaLM's layers parallel "
+              "(`transformer_lm(parallel_layers=True)`). *Branch sum*: the exposed all-reduces that adding "
+              "partial results before one all-reduce would save (Mesh-TF `LazyAllreduceSum`; Megatron and "
+              "PaLM sum the branches' partial outputs, and the q, k, v input gradients, before reducing), "
+              "read from the prediction's plan; the cost model reduces each contraction's output on its "
+              "own, so this is a measured part of the prediction, not priced.",
               "",
-              "| run | step s | compute s | attention scores s | exposed comm s | overlapped comm s | memory GiB | "
-              "MFU without scores | without scores and exposed comm | published MFU | why it differs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| run | fused attention | parallel layers | before: MFU | before: memory GiB | after: MFU | HFU | "
+              "step s | compute s | exposed comm s | overlapped comm s | memory GiB | branch sum s | "
+              "MFU with branch sum | published MFU | why it differs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("own_mfu") is None:
             continue
-        lines.append(f"| {r['title']} | {r['own_time']:.3f} | {r['own_compute']:.3f} | {r['own_attn']:.3f} | "
+        lines.append(f"| {r['title']} | {'yes' if r['fused'] else 'no'} | {'yes' if r['parallel'] else 'no'} | "
+                     f"{pct(r['before_mfu'])} | {r['before_mem'] / GIB:.1f}{'' if r['before_fits'] else ' (over)'} | "
+                     f"{pct(r['own_mfu'])} | {pct(r['own_hfu'])} | {r['own_time']:.3f} | {r['own_compute']:.3f} | "
                      f"{r['own_exposed']:.3f} | {r['own_overlapped']:.3f} | "
-                     f"{r['own_mem'] / GIB:.1f}{'' if r['own_fits'] else ' (over)'} | {pct(r['own_mfu_flash'])} | "
-                     f"{pct(r['own_mfu_flash_hidden'])} | {pct(r['pub'])} | {WHY.get(r['name'], '')} |")
+                     f"{r['own_mem'] / GIB:.1f}{'' if r['own_fits'] else ' (over)'} | {r['own_saving']:.3f} | "
+                     f"{pct(r['own_mfu_summed'])} | {pct(r['pub'])} | {WHY.get(r['name'], '')} |")
     lines += ["", "Sources of the published figures:", ""]
     lines += [f"- {r['title']}: {r['source']}" for r in rows if r["source"]]
     OUT.parent.mkdir(parents=True, exist_ok=True)

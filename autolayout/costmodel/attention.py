@@ -21,14 +21,15 @@ liveness, the search's tables) prices the fused program without knowing about it
 1. **The region** (:func:`attention_region`), found from the graph's structure, not names.
    A *score producer* is a two-operand contraction of two activations (tensors computed from
    the step's inputs, not from parameters and constants alone) whose output keeps a dim of
-   each operand that the other lacks — ``q[b,l,h,k]·k[b,m,h,k] -> s[b,h,l,m]``, and in the
-   backward ``dO·vᵀ``. Element-wise ops with a score among their inputs and the same dims
-   as it produce scores too (scale, mask, ``exp(s - max)``, the softmax gradient). A score
-   is *in the region* when it reaches, through scores only, a *score consumer*: a
-   two-operand contraction with another activation that sums over one of the score's dims
-   (``p·v``, ``dS·k``, ``dSᵀ·q``, ``pᵀ·dO``). A matmul with a weight is never a producer,
-   so an MLP (``relu(x·w1)·w2``) is not attention; weight gradients (``xᵀ·dh``) reach no
-   consumer. Reductions of scores (the softmax max and sum) are the kernel's statistics:
+   each operand that the other lacks (its *free* dims) — ``q[b,l,h,k]·k[b,m,h,k] ->
+   s[b,h,l,m]`` (free ``l``, ``m``), and in the backward ``dO·vᵀ``. Element-wise ops with a
+   score among their inputs and the same dims as it produce scores too (scale, mask,
+   ``exp(s - max)``, the softmax gradient). A score is *in the region* when it reaches,
+   through scores only, a *score consumer*: a two-operand contraction with another
+   activation that sums over free dims of the score and no other (``p·v``, ``dS·k``,
+   ``dSᵀ·q``, ``pᵀ·dO``). A matmul with a weight is never a producer, so an MLP
+   (``relu(x·w1)·w2``) is not attention; weight gradients (``xᵀ·dh``, a mixture of experts'
+   ``dhᵀ·expert_in``) sum over the batch and are no consumers. Reductions of scores (the softmax max and sum) are the kernel's statistics:
    they stay materialised (``[b, h, l]``).
 2. **Recompute**: forward scores that the backward reads — saved residuals of a scan
    (:func:`~autolayout.remat.recompute_residuals`, which saves their non-score inputs: q,
@@ -120,16 +121,20 @@ def attention_region(graph: Graph) -> AttentionRegion:
     """The attention region of ``graph`` (module docstring, step 1)."""
     weight, const = _weight_side(graph)
     producers: set[str] = set()
-    scores: set[str] = set()
+    free: dict[str, set[str]] = {}  # score -> its dims that came from one operand of its producer only
     for name in graph.order:
         op = graph.op(name)
-        from_score = any(i in scores for i in op.inputs)
-        if _is_producer(op, weight) and not from_score:
+        from_score = [i for i in op.inputs if i in free]
+        if not from_score and _is_producer(op, weight):
             producers.add(name)
-            scores.add(name)
-        elif from_score and ((op.kind == "reshape" and op.fn in _BOUNDARY) or (op.kind == "elementwise" and any(
-                i in scores and set(graph.tensor(i).dim_names) == set(op.output.dim_names) for i in op.inputs))):
-            scores.add(name)  # (a saved score and its slice in the backward scan are scores too)
+            a, b = _dims(op, 0), _dims(op, 1)
+            free[name] = (a ^ b) & set(op.output.dim_names)
+        elif from_score and op.kind == "reshape" and op.fn in _BOUNDARY:
+            free[name] = set(free[from_score[0]])  # a saved score and its slice in the backward scan
+        elif op.kind == "elementwise" and any(set(graph.tensor(i).dim_names) == set(op.output.dim_names)
+                                              for i in from_score):
+            free[name] = set().union(*(free[i] for i in from_score))
+    scores = set(free)
     # keep the scores that reach a consumer through scores ...
     consumers: set[str] = set()
     kept: set[str] = set()
@@ -137,7 +142,7 @@ def attention_region(graph: Graph) -> AttentionRegion:
         if name not in scores:
             continue
         for c in graph.consumers(name):
-            if _is_consumer(graph.op(c), name, graph, weight):
+            if _is_consumer(graph.op(c), name, free[name], graph, weight):
                 consumers.add(c)
                 kept.add(name)
             elif c in kept:
@@ -206,14 +211,18 @@ def _is_producer(op: Op, weight: set[str]) -> bool:
     return bool((a - b) & out) and bool((b - a) & out)
 
 
-def _is_consumer(op: Op, score: str, graph: Graph, weight: set[str]) -> bool:
-    """A contraction of ``score`` with another activation summing over one of the score's dims."""
+def _is_consumer(op: Op, score: str, free: set[str], graph: Graph, weight: set[str]) -> bool:
+    """A contraction of ``score`` with another activation summing over some of the score's
+    ``free`` dims (``m`` of ``p·v``, ``l`` of ``pᵀ·dO``) and over none of its other dims (the
+    batch and heads its producer's operands share: a weight gradient such as a mixture of
+    experts' ``dhᵀ·expert_in`` sums over the batch)."""
     if op.kind != "einsum" or op.fn == "conv" or len(op.inputs) != 2 or score not in op.inputs:
         return False
     other = op.inputs[1 - op.inputs.index(score)]
     if other in weight or other == score:
         return False
-    return bool(set(graph.tensor(score).dim_names) - set(op.output.dim_names))
+    summed = set(graph.tensor(score).dim_names) - set(op.output.dim_names)
+    return bool(summed) and summed <= free
 
 
 def _is_statistic(op: Op) -> bool:
