@@ -41,7 +41,19 @@ liveness, the search's tables) prices the fused program without knowing about it
    is priced at compute speed.
 
 The rewritten graph computes the same values (tests compare ``evaluate``), so the lowering
-could run it; on CPU profiles the flag is off and nothing changes.
+could run it; on CPU profiles the flag is off and nothing changes. The rewrite runs before a
+remat policy (:func:`~autolayout.remat.rematerialize`), whose clones keep the attr: under
+``remat=full`` the backward recomputes the forward kernel (q·kᵀ, for the output and the
+statistics) and the backward kernel recomputes q·kᵀ again, as ``jax.checkpoint`` around a
+FlashAttention kernel does: three q·kᵀ per layer and step.
+
+Limits: a step *traced* with ``jax.checkpoint`` has its forward recompute and its backward
+in one backward scan, where step 2 cannot tell them apart (both are outside the forward
+pass): its scores are kept on chip but the backward kernel's own q·kᵀ is not added (one
+q·kᵀ per layer fewer than FlashAttention); trace without it and use the layout's remat
+policy instead (``benchmarks/published.py`` does). A collective on a score (a layout that
+splits the head dim ``d_kv`` of q·kᵀ leaves partial scores) is priced as planned although a
+kernel could not run it.
 """
 from __future__ import annotations
 

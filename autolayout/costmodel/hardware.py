@@ -401,8 +401,9 @@ SRC_FUSED_ATTENTION = (
     "and Hopper profiles. Unset on tpu-v2/v3: those profiles price the Mesh-TensorFlow 2018 programs the "
     "paper reproductions run, whose attention materialises the scores (mesh_tensorflow/transformer/"
     "attention.py), and Pallas' Mosaic TPU backend is not used on them here; use "
-    "replace(fused_attention=True) to price a kernel there. Unset on CPU: XLA:CPU materialises the scores "
-    "of a jitted attention, which the measured steps and memory_analysis() show")
+    "replace(fused_attention=True) to price a kernel there. Unset on CPU: XLA:CPU compiles the traced "
+    "attention as written, with no fused-attention kernel, so CPU validation and the memory-vs-XLA checks "
+    "(benchmarks/memory_vs_xla.py) keep pricing materialised scores")
 
 
 def _tpu_peaks(bf16: float, **extra: float) -> dict[str, float]:
