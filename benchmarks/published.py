@@ -90,7 +90,7 @@ WHY = {
                        "(+16 points) and the prediction is now over the published figure: llm-foundry's "
                        "published HFU (56.8%) says the step ran its matmuls, recompute included, at "
                        "56.8% of peak, while the h100 profile's efficiency 0.75 is a judgement, not a "
-                       "measurement (hardware._GPU_EFFICIENCY_NOTE); the predicted HFU is 67.8%.",
+                       "measurement (hardware._GPU_EFFICIENCY_NOTE); the predicted HFU is 67.5%.",
 }
 
 
