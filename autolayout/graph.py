@@ -705,11 +705,17 @@ def identity_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> tuple:
     return tuple(groups)
 
 
+# Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
+# consumers: set by autolayout.costmodel.attention for the score tensors of fused attention.
+ON_CHIP = "on_chip"
+
+
 def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
     """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
     (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
-    elementwise op of the same loop and it is not a graph output; everything else is
-    materialised."""
+    elementwise op of the same loop and it is not a graph output; a tensor whose op has the
+    :data:`ON_CHIP` attr stays on chip too (a fused kernel's internal tensor) unless it is a
+    graph output; everything else is materialised."""
     users: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         for i in op.inputs:
@@ -718,7 +724,11 @@ def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
 
     def materialized(name: str) -> bool:
         op = by_name[name]
-        if op.kind != "elementwise" or name in outputs:
+        if name in outputs:
+            return True
+        if op.attr(ON_CHIP):
+            return False
+        if op.kind != "elementwise":
             return True
         us = users.get(name, [])
         return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)

@@ -181,7 +181,8 @@ def _lm_graph(name: str, forward: Callable, params: dict, pdims: dict, *, vocab:
 def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: int = 16,
                    n_layers: int = 2, vocab: int = 256, batch: int = 16, length: int = 32,
                    train: bool = True, param_dtype: str = "float32", compute_dtype: str | None = None,
-                   optimizer: str = "adam", learning_rate: float = 1e-3, remat: bool = False) -> Graph:
+                   optimizer: str = "adam", learning_rate: float = 1e-3, remat: bool = False,
+                   parallel_layers: bool = False) -> Graph:
     """The paper's §9 decoder-only language model, one training step with Adam.
 
     Untied input embedding and output softmax, learned positions, pre-norm layer
@@ -195,6 +196,12 @@ def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: 
     Mixed precision (``param_dtype``/``compute_dtype``) as in the module docstring:
     the embedding table is cast before the lookup (flax ``Embed``), each layer casts
     its weights, attention scores and logits come out of their matmuls in float32.
+
+    ``parallel_layers=True``: PaLM's "parallel" formulation (Chowdhery et al. 2022, §2,
+    "Parallel Layers"; GPT-J's): ``y = x + MLP(LayerNorm(x)) + Attention(LayerNorm(x))``
+    with one layer norm per layer (parameters ``ln1_*``; no ``ln2_*``), written
+    ``x + (attention + mlp)`` so that the two branches' outputs are summed before the
+    residual add.
 
     Example::
 
@@ -215,7 +222,11 @@ def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: 
         v = jnp.einsum("bld,dhk->blhk", y, p["wv"])
         scores = jnp.einsum("blhk,bmhk->bhlm", q, k, preferred_element_type=f32) / math.sqrt(d_kv)
         o = jnp.einsum("bhlm,bmhk->blhk", _causal_softmax(scores, length, cd), v)
-        x = x + jnp.einsum("blhk,hkd->bld", o, p["wo"])
+        attention = jnp.einsum("blhk,hkd->bld", o, p["wo"])
+        if parallel_layers:  # PaLM §2: both branches read the same normalised input
+            mlp = jnp.einsum("blf,fd->bld", jax.nn.relu(jnp.einsum("bld,df->blf", y, p["w1"])), p["w2"])
+            return x + (attention + mlp), None
+        x = x + attention
         y = _layer_norm(x, p["ln2_scale"], p["ln2_bias"], cd)
         x = x + jnp.einsum("blf,fd->bld", jax.nn.relu(jnp.einsum("bld,df->blf", y, p["w1"])), p["w2"])
         return x, None
@@ -245,6 +256,9 @@ def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: 
                    "ln2_scale": "layers d_model", "ln2_bias": "layers d_model",
                    "w1": "layers d_model d_ff", "w2": "layers d_ff d_model"},
         "ln_f_scale": "d_model", "ln_f_bias": "d_model", "softmax": "d_model vocab"}
+    if parallel_layers:  # one layer norm per layer
+        for tree in (params["layers"], pdims["layers"]):
+            del tree["ln2_scale"], tree["ln2_bias"]
     return _lm_graph("transformer_lm", forward, params, pdims, vocab=vocab, batch=batch, length=length,
                      train=train, optimizer=optimizer, learning_rate=learning_rate)
 

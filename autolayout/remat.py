@@ -24,12 +24,12 @@ shard_map lowering executes the recomputation — one plan for all of it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from autolayout.core import LayoutError
 from autolayout.graph import Graph, Loop, Op, Replay, Tensor
 
-__all__ = ["POLICIES", "rematerialize", "remat_pairs"]
+__all__ = ["POLICIES", "rematerialize", "remat_pairs", "recompute_residuals"]
 
 POLICIES = ("none", "full", "dots")
 
@@ -94,22 +94,47 @@ def rematerialize(graph: Graph, policy: str) -> Graph:
     order = list(graph.order)
     loops = dict(graph.loops)
     for fwd, bwd, residual in pairs:
-        _rewrite(graph, ops, order, loops, fwd.name, bwd.name, residual, policy)
+        saved = {c for c, _ in fwd.carries}  # a layer's inputs are always saved (jax.checkpoint)
+        if policy == "dots":
+            saved |= _dots(graph, fwd.body)
+        _rewrite(graph, ops, order, loops, fwd.name, bwd.name, residual, saved, "remat")
+    return _rebuilt(graph, ops, order, loops, f"{graph.name}[remat={policy}]")
+
+
+def recompute_residuals(graph: Graph, recompute: Collection[str], *, prefix: str) -> Graph:
+    """``graph`` with the forward-scan tensors ``recompute`` no longer saved for the backward
+    scan: each backward scan that slices one of them recomputes it from the tensors it is
+    computed from, which are saved instead (stacked, or the residual stacks already there);
+    what the step computes is unchanged. The mechanics of :func:`rematerialize` with every
+    body tensor not in ``recompute`` saved (fused attention's recompute of its scores,
+    :mod:`autolayout.costmodel.attention`); the clones are named ``<prefix>/<tensor>``.
+    ``graph`` itself when no residual of a forward scan is in ``recompute``."""
+    ops = {op.name: op for op in graph.ops()}
+    order = list(graph.order)
+    loops = dict(graph.loops)
+    changed = False
+    for fwd, bwd, residual in remat_pairs(graph):
+        mine = [s for s in residual if graph.op(s).inputs[0] in recompute]
+        if mine:
+            changed = True
+            _rewrite(graph, ops, order, loops, fwd.name, bwd.name, mine, set(fwd.body) - set(recompute), prefix)
+    return _rebuilt(graph, ops, order, loops, f"{graph.name}[{prefix}]") if changed else graph
+
+
+def _rebuilt(graph: Graph, ops: dict, order: list, loops: dict, name: str) -> Graph:
     keep = [n for n in order if n in ops]
     return Graph([ops[n] for n in keep], input_names=graph.input_names, in_tree=graph.in_tree,
                  outputs=graph.outputs, out_tree=graph.out_tree, loops=list(loops.values()),
-                 name=f"{graph.name}[remat={policy}]", param_roles=graph.param_roles, donated=graph.donated,
+                 name=name, param_roles=graph.param_roles, donated=graph.donated,
                  fn=graph.fn, example_spec=graph.example_spec, arg_dims=graph.arg_dims,
                  arg_roles=graph.arg_roles)
 
 
 def _rewrite(graph: Graph, ops: dict, order: list, loops: dict, fname: str, bname: str,
-             residual: list[str], policy: str) -> None:
+             residual: list[str], saved: set[str], prefix: str) -> None:
     fwd, bwd = loops[fname], loops[bname]
     body = set(fwd.body)
-    saved = {c for c, _ in fwd.carries}  # a layer's inputs are always saved (jax.checkpoint)
-    if policy == "dots":
-        saved |= _dots(graph, fwd.body)
+    saved_name = "saved" if prefix == "remat" else f"{prefix}/saved"
     source = {s: graph.op(s).inputs[0] for s in residual}
     dropped = [s for s in residual if source[s] not in saved]
     if not dropped:
@@ -132,23 +157,23 @@ def _rewrite(graph: Graph, ops: dict, order: list, loops: dict, fname: str, bnam
     for t in sorted(inputs_of_need, key=order.index):
         op = graph.op(t)
         if op.fn == "slice" and op.loop == fname:  # re-slice the same stacked input in the backward scan
-            mapping[t] = _slice(ops, f"remat/{t}", op.inputs[0], op.output, op.attrs, bwd)
+            mapping[t] = _slice(ops, f"{prefix}/{t}", op.inputs[0], op.output, op.attrs, bwd)
             new_bwd_slices.append(mapping[t])
             continue
         # a saved tensor: stacked by the forward scan (reuse a residual stack) and sliced back
         st = stack_of.get(t)
         if st is None:
-            st = _stack(ops, f"saved/{t}", op.output, fwd)
+            st = _stack(ops, f"{saved_name}/{t}", op.output, fwd)
             new_fwd_stacks.append(st)
         sl = bslice_of.get(st)
         if sl is None or sl not in ops:
-            sl = _slice(ops, f"saved/{t}/slice", st, op.output,
+            sl = _slice(ops, f"{saved_name}/{t}/slice", st, op.output,
                         (("groups", ((( fwd.dim,), ()),) + tuple(((d,), (d,)) for d in op.output.dim_names)),), bwd)
             new_bwd_slices.append(sl)
         mapping[t] = sl
     for t in sorted(need, key=order.index):
         op = graph.op(t)
-        name = f"remat/{t}"
+        name = f"{prefix}/{t}"
         mapping[t] = name
         out = dataclasses.replace(op.output, name=name, role="activation")
         replay = op.replay

@@ -73,9 +73,11 @@ class Arch:
     @classmethod
     def from_zoo(cls, fn: str, kwargs: dict[str, Any]) -> "Arch":
         k = kwargs
-        if fn == "transformer_lm":  # pre-norm LayerNorm (scale, bias) x 2, learned positions, untied
+        if fn == "transformer_lm":  # pre-norm LayerNorm (scale, bias) x 2 (x 1 with PaLM's parallel
+            # layers), learned positions, untied
+            norms = 2 if k.get("parallel_layers") else 4
             return cls(k["d_model"], k["n_layers"], k["heads"], k["heads"], k["d_kv"], k["d_ff"], 2,
-                       k["vocab"], k["length"], False, 4, 2)
+                       k["vocab"], k["length"], False, norms, 2)
         if fn == "llama":  # RMSNorm scale x 2, SwiGLU, RoPE, untied head
             return cls(k["d_model"], k["n_layers"], k["heads"], k["kv_heads"], k["d_kv"], k["d_ff"], 3,
                        k["vocab"], 0, False, 2, 1)

@@ -192,6 +192,10 @@ class Hardware:
         dot_operand_copies: whether a contraction also pays for copying the operands its dot
             kernel cannot read in place (:mod:`~autolayout.costmodel.dotcopy`: XLA:CPU's
             ``[batch, M, K]`` canonicalisation); ``calibrate`` sets it on CPU devices.
+        fused_attention: whether attention runs as a fused kernel that keeps the score
+            tensors on chip and recomputes them in the backward pass (FlashAttention, Dao et
+            al. 2022), priced by :mod:`~autolayout.costmodel.attention`; see
+            :data:`SRC_FUSED_ATTENTION` for which profiles set it.
 
     >>> hw = get_hardware("tpu-v5p")
     >>> hw.peak("bfloat16")
@@ -213,6 +217,7 @@ class Hardware:
     sources: tuple[str, ...] = field(default=())
     op_overhead_s: float = 0.0
     dot_operand_copies: bool = False
+    fused_attention: bool = False  # SRC_FUSED_ATTENTION
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -306,6 +311,7 @@ class Hardware:
             "sources": list(self.sources),
             "op_overhead_s": self.op_overhead_s,
             "dot_operand_copies": self.dot_operand_copies,
+            "fused_attention": self.fused_attention,
         }
 
     @classmethod
@@ -391,6 +397,21 @@ SRC_NCCL_TUNING = (
 )
 
 
+SRC_FUSED_ATTENTION = (
+    "Fused attention (Hardware.fused_attention): FlashAttention (Dao et al. 2022, 'FlashAttention: Fast and "
+    "Memory-Efficient Exact Attention with IO-Awareness', Algorithms 1-2: scores tiled in on-chip SRAM, the "
+    "backward recomputes them from Q, K and the saved softmax statistics m, l). On TPU the Pallas kernels "
+    "jax/experimental/pallas/ops/tpu/flash_attention.py and splash_attention (MaxText attention='flash', "
+    "AI-Hypercomputer/maxtext MaxText/layers/attentions.py); on Hopper cuDNN's fused attention and "
+    "FlashAttention-2 (Dao 2023; NVIDIA Transformer Engine, llm-foundry attn_impl: flash). Set on the TPU v4+ "
+    "and Hopper profiles. Unset on tpu-v2/v3: those profiles price the Mesh-TensorFlow 2018 programs the "
+    "paper reproductions run, whose attention materialises the scores (mesh_tensorflow/transformer/"
+    "attention.py), and Pallas' Mosaic TPU backend is not used on them here; use "
+    "replace(fused_attention=True) to price a kernel there. Unset on CPU: XLA:CPU compiles the traced "
+    "attention as written, with no fused-attention kernel, so CPU validation and the memory-vs-XLA checks "
+    "(benchmarks/memory_vs_xla.py) keep pricing materialised scores")
+
+
 def _tpu_peaks(bf16: float, **extra: float) -> dict[str, float]:
     """TPU peak table: float32 at the bf16 rate (JAX default one bf16 pass),
     HIGH/HIGHEST at 1/3 and 1/6 of it (3 and 6 bf16 passes; SRC_JAX_PRECISION)."""
@@ -416,7 +437,7 @@ def _ici(one_way_per_link: float, devices_per_chip: int = 1, what: str = "") -> 
 
 def _tpu(
     name: str, *, peaks: dict[str, float], hbm_bytes: float, hbm_bw: float, link: Link,
-    description: str, sources: tuple[str, ...],
+    description: str, sources: tuple[str, ...], fused_attention: bool = True,
 ) -> Hardware:
     return Hardware(
         name=name,
@@ -425,8 +446,10 @@ def _tpu(
         hbm_bandwidth=hbm_bw,
         link=link,
         efficiency=0.85,  # SRC_PALLAS_MATMUL: 80-90% of peak for large bf16 matmuls
+        fused_attention=fused_attention,  # SRC_FUSED_ATTENTION
         description=description,
-        sources=tuple(sources) + (SRC_JAX_PRECISION, SRC_PALLAS_MATMUL, SRC_SCALING_SHARDING),
+        sources=tuple(sources) + (SRC_JAX_PRECISION, SRC_PALLAS_MATMUL, SRC_SCALING_SHARDING)
+        + ((SRC_FUSED_ATTENTION,) if fused_attention else ()),
     )
 
 
@@ -448,6 +471,7 @@ TPU_V2 = _tpu(
         "per core, i.e. half the chip's per-axis ring bandwidth (exact for an axis whose ring "
         "leaves the chip at every step; an axis that pairs the two cores of a chip gets ~2x)."
     ),
+    fused_attention=False,  # SRC_FUSED_ATTENTION: the Mesh-TF 2018 programs materialise the scores
     sources=(
         "Cloud TPU v2: 180 TFLOPS and 64 GB HBM per 4-chip board, 8 GB HBM per core "
         "(Google Cloud TPU beta announcement, 2018)",
@@ -473,6 +497,7 @@ TPU_V3 = _tpu(
         "Cloud TPU v3, one JAX device = one TensorCore (2 per chip, 16 GiB HBM each). Link "
         "bandwidth is per core (half the chip's per-axis ring bandwidth), as for tpu-v2."
     ),
+    fused_attention=False,  # SRC_FUSED_ATTENTION: the Mesh-TF 2018 programs materialise the scores
     sources=(
         "https://cloud.google.com/tpu/docs/v3: 123 TFLOPS bf16 per chip, HBM2 32 GiB / 900 GBps, "
         "2D torus, all-reduce bandwidth per pod 340 TB/s (1024 chips)",
@@ -591,12 +616,14 @@ def _hopper(name: str, hbm_bytes: float, hbm_bw: float, sheet: str) -> Hardware:
         link=NVLINK4,
         efficiency=0.75,
         all_reduce_in_place=True,  # SRC_ALL_REDUCE_IN_PLACE
+        fused_attention=True,  # SRC_FUSED_ATTENTION: cuDNN fused attention / FlashAttention-2
         description=(
             f"NVIDIA {name.upper()} SXM, one JAX device = one GPU. Default link = NVLink inside an "
             "8-GPU node; give the inter-node mesh axis SLOW_LINKS['" + name + "'] (one 400 Gb/s NDR "
             "InfiniBand NIC per GPU) via with_axis_link. " + _GPU_EFFICIENCY_NOTE
         ),
-        sources=(sheet, SRC_SCALING_GPUS, SRC_NCCL_TUNING, SRC_JAX_PRECISION, SRC_ALL_REDUCE_IN_PLACE),
+        sources=(sheet, SRC_SCALING_GPUS, SRC_NCCL_TUNING, SRC_JAX_PRECISION, SRC_ALL_REDUCE_IN_PLACE,
+                 SRC_FUSED_ATTENTION),
     )
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from typing import Any, Iterable
 
 from autolayout.core import Layout, Mesh
+from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from autolayout.costmodel.memory import peak_memory
 from autolayout.costmodel.overlap import domain_of, forward_ops, overlappable, step_time
@@ -88,7 +89,9 @@ class Cost:
 def predict(graph: Graph, mesh: Any, layout: Any = None, *, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     """Predict per-device time and memory of one call of ``graph`` under ``layout``.
 
-    Prices :func:`~autolayout.costmodel.plan.plan`: every op's local compute (roofline) and
+    Prices :func:`~autolayout.costmodel.plan.plan` of the graph as the hardware runs it
+    (:func:`~autolayout.costmodel.attention.kernel_graph`: fused attention where
+    ``hardware.fused_attention``): every op's local compute (roofline) and
     every collective step (:func:`~autolayout.costmodel.collectives.collective_time`), and
     the peak of the tensors' local bytes by liveness (:mod:`~autolayout.costmodel.memory`).
 
@@ -101,7 +104,8 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, *, hardware: Any = DEFA
         c = predict(g, "rows:4,cols:2", "batch:rows;hidden:cols", hardware="tpu-v3")
         c.time_s, c.comm_bytes, c.memory["params"]
     """
-    return price_plan(plan(require_graph(graph, "predict"), mesh, layout), hardware)
+    hw = get_hardware(hardware)
+    return price_plan(plan(kernel_graph(require_graph(graph, "predict"), hw), mesh, layout), hw)
 
 
 def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:

@@ -235,12 +235,13 @@ _RUNS = (
         model=_model("transformer_lm", f"{PALM} Table 1 (118 layers, d_model 18432, 48 heads of 256, "
                      "d_ff 4 x d_model = 73728, vocabulary 256k); the SwiGLU FFN is rendered as a ReLU FFN "
                      "of 1.5 x 73728 = 110592 (same weights and flops), as issue 11 states it",
-                     "PaLM has multi-query attention (one key/value head), parallel attention and FFN, "
-                     "RoPE, a shared input/output embedding and no biases; this rendering has full "
-                     "multi-head attention and learned positions (about 598B parameters). The llama "
-                     "variant below has PaLM's attention and FFN exactly.",
+                     "PaLM has multi-query attention (one key/value head), RoPE, a shared input/output "
+                     "embedding and no biases; this rendering has full multi-head attention and learned "
+                     "positions (about 598B parameters). Its layers are parallel as PaLM's (§2 'Parallel "
+                     "Layers': one layer norm, attention and FFN read the same input). The llama variant "
+                     "below has PaLM's attention and FFN exactly.",
                      d_model=18432, d_ff=110592, heads=48, d_kv=256, n_layers=118, vocab=256000, batch=2048,
-                     length=2048),
+                     length=2048, parallel_layers=True),
         variants=(_model("llama", f"{PALM} Table 1 and §2 (SwiGLU, multi-query attention, RoPE, no biases)",
                          "Untied output head: 545.1B parameters, the published 540.35B plus the 4.72B head "
                          "PaLM shares with the embedding; sequential rather than parallel layers.",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
+from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph, require_graph
@@ -283,7 +284,7 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     # `import autolayout` cheap; it is a lower module of this package, not a cycle
     from autolayout.search.solver import layout_of, solve_best
 
-    g = rematerialize(graph, policy)
+    g = rematerialize(kernel_graph(graph, hw), policy)  # as predict prices it (fused attention, remat)
     tables = Tables(g, mesh, hw, regions=regions)
     wus, notes = wus_options(tables) if shard else ([], [])
     sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
