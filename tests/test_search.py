@@ -458,9 +458,18 @@ def test_time_out_without_a_solution_returns_the_warm_start_only_if_it_fits(no_c
     r = search(g, mesh, memory_limit=warm_bytes, time_limit_s=1e-4, **kw)
     _assert_fits(r, g, warm_bytes)
     assert r.status == "FEASIBLE"
-    with pytest.raises(SearchError, match=r"ran out before the search found a layout .* within memory_limit "
-                                          rf"{smallest} B .* needs {warm_bytes} B\. Raise time_limit_s") as exc:
-        search(g, mesh, memory_limit=smallest, time_limit_s=1e-4, **kw)
+    # at the smallest memory the warm start is moved until it fits (solver.greedy), and says so
+    r = search(g, mesh, memory_limit=smallest, time_limit_s=1e-4, **kw)
+    _assert_fits(r, g, smallest)
+    assert r.status == "FEASIBLE" and any("warm start" in n for n in r.notes)
+    # without that repair the time-out is an error that names the warm start's memory
+    from autolayout.search import solver
+    with pytest.MonkeyPatch.context() as mp:
+        time_only = solver.greedy
+        mp.setattr(solver, "greedy", lambda tables, wus, points=None, limit=0: time_only(tables, wus))
+        with pytest.raises(SearchError, match=r"ran out before the search found a layout .* within memory_limit "
+                                              rf"{smallest} B .* needs {warm_bytes} B\. Raise time_limit_s") as exc:
+            search(g, mesh, memory_limit=smallest, time_limit_s=1e-4, **kw)
     assert exc.value.reason == "time" and isinstance(exc.value, ValueError)
 
 
@@ -750,3 +759,35 @@ def test_best_layouts_with_distinct_rules_are_the_k_best_rule_sets():
     assert len({str(Layout(r.layout.rules).canonical()) for r in rs}) == k
     with pytest.raises(LayoutError, match="distinct must be 'layout'"):
         best_layouts(g, mesh, k, distinct="storage")
+
+
+@pytest.mark.parametrize("sizes", [[1, 1, 3, 2], [2, 1, 1], [4, 4, 1, 1, 2]], ids=["4-slots", "3-slots", "5-slots"])
+def test_tie_break_weights_order_choices_lexicographically(sizes):
+    """Every way to turn on at most one boolean per slot: the weighted sums order them as the
+    tuples of 'slot is on' do (earlier slots first), checked by enumeration."""
+    from autolayout.search.model import tie_break_weights
+    w = tie_break_weights(sizes)
+    choices = list(itertools.product(*[[0, 1]] * len(sizes)))
+    by_sum = sorted(choices, key=lambda c: sum(wi * ci for wi, ci in zip(w, c)))
+    assert by_sum == sorted(choices)
+    assert len({sum(wi * ci for wi, ci in zip(w, c)) for c in choices}) == len(choices)
+
+
+def test_tie_break_weights_stay_valid_for_cp_sat_on_a_large_model():
+    """300 slots (a PaLM-sized model: ~80 split bits, parameters with thousands of storage
+    options): the old 2^61.. weights made CP-SAT reject the model ('Possible integer overflow
+    in objective'); these keep a model with those coefficients valid."""
+    from ortools.sat.python import cp_model
+    from autolayout.search.model import tie_break_weights
+    sizes = [1] * 80 + [3000] * 220
+    w = tie_break_weights(sizes)
+    m = cp_model.CpModel()
+    bits, coefs = [], []
+    for i, (n, wi) in enumerate(zip(sizes, w)):
+        vs = [m.NewBoolVar(f"b{i}_{j}") for j in range(n)]
+        m.AddAtMostOne(vs)
+        bits += vs
+        coefs += [wi] * n
+    m.Minimize(cp_model.LinearExpr.WeightedSum(bits, coefs))
+    assert m.Validate() == ""
+    assert w[0] > sum(w[1:])  # the first slot still outweighs everything after it

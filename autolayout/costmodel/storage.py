@@ -40,7 +40,7 @@ from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.regions import NORM, Regions, region_axes
 from autolayout.graph import Graph
 
-__all__ = ["StorageShard", "storage_shards", "gradient_walk", "grad_of", "opt_state_of", "REDUCING", "BOUNDARY"]
+__all__ = ["StorageShard", "storage_shards", "storage_shard", "gradient_walk", "grad_of", "opt_state_of", "REDUCING", "BOUNDARY"]
 
 REDUCING = ("einsum", "reduce", "gather", "scatter")
 BOUNDARY = ("stack", "result", "carry")
@@ -181,8 +181,23 @@ def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[st
     return out, notes
 
 
-def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: str, axes: tuple[str, ...],
-           stage: int, explicit: bool, notes: list[str], regions: Regions | None = None) -> StorageShard | None:
+def storage_shard(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]], pname: str,
+                  axes: tuple[str, ...], stage: int, regions: Regions | None = None,
+                  cache: dict | None = None) -> StorageShard:
+    """The :class:`StorageShard` of ``pname`` stored over ``axes`` at ``stage`` under the rules
+    ``axes_of`` (the entry ``pname:axes@stage`` of a layout). ``cache`` (a dict the caller
+    keeps for one graph and mesh) holds the shard's sets by what they depend on, so the many
+    layouts of a search that agree there share them.
+
+    Raises:
+        LayoutError: the shard does not apply under these rules (see :func:`storage_shards`).
+    """
+    return _shard(graph, mesh, None, axes_of, pname, tuple(axes), stage, True, [], regions, cache)
+
+
+def _shard(graph: Graph, mesh: Mesh, layout: Layout | None, axes_of: Mapping, pname: str, axes: tuple[str, ...],
+           stage: int, explicit: bool, notes: list[str], regions: Regions | None = None,
+           cache: dict | None = None) -> StorageShard | None:
     p = graph.tensor(pname)
     what = f"storage sharding of {pname!r} over {','.join(axes)} (stage {stage})"
     grad = grad_of(graph, pname)
@@ -210,6 +225,8 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
             return None
     missing = [a for a in axes if a not in covered]
     if missing:
+        if layout is None:
+            layout = Layout(sorted(axes_of.items()), [(pname, tuple(axes), stage)])
         raise LayoutError(
             f"{what}: its gradient is not all-reduced over {','.join(missing)} under layout {str(layout)!r} "
             f"(no dim the gradient sums over is split there), so there is nothing to reduce-scatter. Shard "
@@ -221,12 +238,59 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
         if d.name not in graph.loop_dims and local % factor == 0:
             dim = d.name
             break
+    appl = tuple(r for r in reduce_ops if set(axes) <= {a for d in graph.op(r).reduced_dims
+                                                        for a in rules(r).get(d.name, ())})
+    # everything below but the divisibility check depends on the layout only through
+    # (reduce_ops, appl, dim): the walk is the same whenever it stops at the same ops
+    key = (pname, tuple(axes), stage, tuple(reduce_ops), appl, dim)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        try:
+            hit = _shard_sets(graph, pname, tuple(axes), factor, dim, stage, tuple(reduce_ops), seen, appl, what)
+        except LayoutError as e:
+            hit = e
+        if cache is not None:
+            cache[key] = hit
+    if isinstance(hit, LayoutError):
+        raise hit
+    shard = hit
+    order = cache.get(("order", key)) if cache is not None else None
+    if order is None:
+        order = sorted(shard.stored, key=graph.order.index)
+        if cache is not None:
+            cache[("order", key)] = order
+    for t in order:  # the shard must divide every tensor it holds
+        tdims = graph.tensor(t).dim_names
+        taxes = norm if regions is not None and t in regions.stored else axes_of
+        if cache is None:
+            ok = shard.placement(graph, tdims, taxes).divides(graph.dims, mesh)
+        else:  # it depends on the axes of the tensor's dims only
+            dkey = ("divides", key, t, tuple(taxes.get(d, ()) for d in tdims))
+            ok = cache.get(dkey)
+            if ok is None:
+                ok = cache[dkey] = shard.placement(graph, tdims, taxes).divides(graph.dims, mesh)
+        if not ok:
+            if explicit:
+                raise LayoutError(
+                    f"{what}: tensor {t!r} {list(tdims)} would be split over more axes than its dim "
+                    f"{dim!r} divides by (with the axes its layout already gives it). Shard over fewer axes "
+                    f"or split {dim!r} less.")
+            notes.append(f"'*' storage entry: the shard of {pname!r} does not divide {t!r}; left whole")
+            return None
+    return shard
+
+
+def _shard_sets(graph: Graph, pname: str, axes: tuple[str, ...], factor: int, dim: str, stage: int,
+                reduce_ops: tuple[str, ...], seen: set[str], appl: tuple[str, ...], what: str) -> StorageShard:
+    """The shard's tensor sets (see :class:`StorageShard`) from the layout-dependent facts
+    :func:`_shard` derives: the reducing ops, those whose split covers ``axes``, the split dim."""
+    grad = grad_of(graph, pname)
     states = opt_state_of(graph, pname)
     region, new_param = _update_region(graph, pname)
     if new_param is None:
         raise LayoutError(f"{what}: no updated parameter found downstream of its gradient {grad!r}; is this a "
                           "training step?")
-    base = StorageShard(pname, tuple(axes), factor, dim, stage, tuple(reduce_ops), frozenset(), frozenset(),
+    base = StorageShard(pname, axes, factor, dim, stage, reduce_ops, frozenset(), frozenset(),
                         frozenset(), frozenset(), frozenset(), new_param, tuple(states))
     path = _grad_path(graph, reduce_ops, seen)
     scatter: set[str] = set()
@@ -234,8 +298,6 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
     partial_ops: set[str] = set()
     stored: set[str] = set()
     computed: set[str] = set()
-    appl = [r for r in reduce_ops if set(axes) <= {a for d in graph.op(r).reduced_dims
-                                                   for a in rules(r).get(d.name, ())}]
     if stage == 1 and grad not in reduce_ops:
         bad = _nonlinear(graph, path, set(appl), grad)
         if bad:
@@ -284,18 +346,7 @@ def _shard(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping, pname: st
         stored |= chain
         computed |= chain
     stored |= {t for t in states if base.applies(graph, graph.tensor(t).dim_names)}
-    for t in sorted(stored, key=graph.order.index):  # the shard must divide every tensor it holds
-        tdims = graph.tensor(t).dim_names
-        taxes = norm if regions is not None and t in regions.stored else axes_of
-        if not base.placement(graph, tdims, taxes).divides(graph.dims, mesh):
-            if explicit:
-                raise LayoutError(
-                    f"{what}: tensor {t!r} {list(tdims)} would be split over more axes than its dim "
-                    f"{dim!r} divides by (with the axes its layout already gives it). Shard over fewer axes "
-                    f"or split {dim!r} less.")
-            notes.append(f"'*' storage entry: the shard of {pname!r} does not divide {t!r}; left whole")
-            return None
-    return StorageShard(pname, tuple(axes), factor, dim, stage, tuple(reduce_ops), frozenset(scatter),
+    return StorageShard(pname, axes, factor, dim, stage, reduce_ops, frozenset(scatter),
                         frozenset(partial), frozenset(partial_ops), frozenset(stored), frozenset(computed),
                         new_param, tuple(states))
 

@@ -195,13 +195,14 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
     mesh = Mesh.parse(mesh)
     policies = _policies(graph, remat)
     results, errors, slower = [], [], []
+    caches: dict = {}
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
         upper = min((r.cost.time_s for r in results), default=None)
         try:
             results.append(_search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
                                        _share(left, len(policies), i), num_workers, random_seed, start,
-                                       upper))
+                                       upper, caches))
         except Dominated:
             slower.append(f"remat={policy}: no layout that fits is faster than {upper:.6g} s (proven)")
         except SearchError as e:
@@ -268,25 +269,28 @@ def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]],
 
 def _search_one(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
                 time_limit_s: float, num_workers: int, random_seed: int, start: float,
-                upper_s: float | None = None) -> SearchResult:
+                upper_s: float | None = None, caches: dict | None = None) -> SearchResult:
     """The exact search for one remat policy (``upper_s``: see ``solver.solve``)."""
     return _search_best(graph, mesh, hw, limit, policy, regions, shard, time_limit_s, num_workers, random_seed,
-                        start, 1, upper_s=upper_s)[0][0]
+                        start, 1, upper_s=upper_s, caches=caches)[0][0]
 
 
 def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, regions: bool, shard: bool,
                  time_limit_s: float, num_workers: int, random_seed: int, start: float,
                  k: int, distinct: str = "layout", stop_above_s: float = math.inf,
-                 upper_s: float | None = None) -> tuple[list[SearchResult], bool]:
+                 upper_s: float | None = None, caches: dict | None = None) -> tuple[list[SearchResult], bool]:
     """The ``k`` best layouts for one remat policy, and whether that list is complete (every
-    solve proven optimal, and ``k`` of them or no other layout fits)."""
+    solve proven optimal, and ``k`` of them or no other layout fits). ``caches``: kept by the
+    caller across the remat policies of one graph, mesh and hardware (op costs and storage
+    deltas are keyed by what they depend on, so the policies' graphs share them)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
     # `import autolayout` cheap; it is a lower module of this package, not a cycle
     from autolayout.search.solver import layout_of, solve_best
 
     g = rematerialize(kernel_graph(graph, hw), policy)  # as predict prices it (fused attention, remat)
-    tables = Tables(g, mesh, hw, regions=regions)
-    wus, notes = wus_options(tables) if shard else ([], [])
+    caches = {} if caches is None else caches
+    tables = Tables(g, mesh, hw, regions=regions, op_costs=caches.setdefault("op_costs", {}))
+    wus, notes = wus_options(tables, caches.setdefault("wus_deltas", {})) if shard else ([], [])
     sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
                       distinct_storage=distinct == "layout", stop_above_s=stop_above_s, upper_s=upper_s)
     out, seen = [], set()
@@ -357,6 +361,7 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
     mesh = Mesh.parse(mesh)
     policies = _policies(graph, remat)
     found, errors, incomplete = [], [], []
+    caches: dict = {}
     for i, policy in enumerate(policies):
         left = time_limit_s - (time.perf_counter() - start)
         try:
@@ -364,7 +369,8 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
             kth = sorted(r.cost.time_s for r in found)[k - 1] if len(found) >= k else math.inf
             rs, complete = _search_best(graph, mesh, hw, limit, policy, regions, shard_weight_update,
                                         _share(left, len(policies), i), num_workers, random_seed, start, k,
-                                        distinct, kth, upper_s=kth if math.isfinite(kth) else None)
+                                        distinct, kth, upper_s=kth if math.isfinite(kth) else None,
+                                        caches=caches)
         except Dominated:
             continue  # proven: no layout of this policy that fits is as fast as the k-th found
         except SearchError as e:

@@ -441,18 +441,37 @@ class LayoutModel:
                 slot = [v for j, v in wk.items() if p.options[j].stage == stage]
                 if slot:
                     slots.append(slot)
-        n = len(slots)
-        bits, weights = [], []
-        for i, slot in enumerate(slots):
+        weights = tie_break_weights([len(s) for s in slots])
+        bits, coefs = [], []
+        for slot, w in zip(slots, weights):
             for v in slot:
                 bits.append(twin(v))
-                weights.append(2 ** max(n - 1 - i, 0) if n <= 62 else 2 ** max(61 - i, 0))
-        m2.Minimize(cp_model.LinearExpr.WeightedSum(bits, weights) if bits else 0)
+                coefs.append(w)
+        m2.Minimize(cp_model.LinearExpr.WeightedSum(bits, coefs) if bits else 0)
         return m2, twin
 
     def size(self) -> tuple[int, int]:
         proto = self.model.Proto()
         return len(proto.variables), len(proto.constraints)
+
+
+def tie_break_weights(sizes: list[int], cap: int = 2 ** 60) -> list[int]:
+    """Objective weights of the tie-break's slots (each a set of booleans of which at most one
+    is on), earlier slots first: a slot's weight exceeds what all later slots can add, so the
+    order is lexicographic, for the longest prefix of slots whose weights keep
+    ``Σ size × weight`` under ``cap`` (CP-SAT rejects an objective that may overflow int64 —
+    "Possible integer overflow in objective"); the slots after that prefix weigh 1 each."""
+    n = len(sizes)
+    for k in range(n, -1, -1):  # slots [0, k) lexicographic, the rest 1
+        tail = n - k
+        weights = [1] * n
+        later = tail  # what the slots after i can add at most
+        for i in range(k - 1, -1, -1):
+            weights[i] = later + 1
+            later += weights[i]
+        if sum(s * w for s, w in zip(sizes, weights)) < cap:
+            return weights
+    raise RuntimeError(f"internal: {n} tie-break slots of sizes up to {max(sizes)} overflow even with weight 1")
 
 
 def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:

@@ -113,14 +113,17 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     return sizes
 
 
-def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
+def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limit: int = 0) -> Decoded:
     """Warm start by local search over the tables (see module docstring).
 
     Moves: give one dim any allowed axis subset, evicting conflicting dims from
     those axes. Best improvement first, from two starts (unsplit; every axis on
     the first dim of the largest tensor input's dims that divides, i.e. data
     parallel when that dim is the batch), until no move improves. The result is
-    put in canonical column order and takes the WUS options that save time.
+    put in canonical column order and takes the WUS options that save time. With the
+    liveness ``points`` of a memory ``limit``, a result over the limit is then moved, one
+    dim at a time, to the layout closest to fitting (each parameter stored in its smallest
+    option) until one fits; if none does, the time start is returned.
     """
     space = tables.space
 
@@ -192,7 +195,43 @@ def greedy(tables: Tables, wus: list[WusParam]) -> Decoded:
                     starts.append(start)
                 break
     best_t, best = min((descend(s) for s in starts), key=lambda r: r[0])
-    return with_best_wus(tables, wus, canonical_columns(tables, best))
+    warm = with_best_wus(tables, wus, canonical_columns(tables, best))
+    if not points or peak_of(points, sizes_of(tables, wus, warm))[0] <= limit:
+        return warm
+
+    # over the memory limit: descend on (bytes over the limit, time) with each parameter's
+    # smallest storage option, until a layout fits (a hint CP-SAT starts from, and a bound)
+    def over(axes_of: dict) -> tuple[int, float]:
+        pt = with_least_memory_wus(tables, wus, axes_of)
+        return max(peak_of(points, sizes_of(tables, wus, pt))[0] - limit, 0), evaluate_time(tables, wus, pt)
+
+    axes_of, score = best, over(best)
+    while score[0] > 0:
+        move, move_s = None, score
+        for cand in moves(axes_of):
+            sc = over(cand)
+            if sc < move_s:
+                move, move_s = cand, sc
+        if move is None:
+            break  # no single move brings it closer to fitting: CP-SAT searches from the time start
+        axes_of, score = move, move_s
+    if score[0] > 0:
+        return warm
+    return with_least_memory_wus(tables, wus, canonical_columns(tables, axes_of))
+
+
+def with_least_memory_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
+    """``axes_of`` with, per parameter, the storage option that shrinks its tensors the most
+    (fewest bytes summed over them; then the faster), if any shrinks them."""
+    active, upd = [], {}
+    for k, p in enumerate(wus):
+        i = tables.restrict(axes_of, p.dims)
+        best = min(((sum(p.options[j].dbytes.values()), p.options[j].dtime, j) for j in p.at(i)), default=None)
+        if best is not None and best[0] < 0:
+            o = p.options[best[2]]
+            active.append((k, best[2]))
+            upd[p.param] = (o.axes, o.stage)
+    return Decoded(axes_of, upd, active)
 
 
 def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
@@ -317,8 +356,12 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
             lm.prune(upper)
         return lm
 
+    if points and memory_floor(tables, wus, points) > limit:  # proven before any model is built
+        state = {"bounded": upper_s is not None}
+        _none_fits(tables, wus, memory_limit, state, time_limit_s - (time.perf_counter() - start), workers, seed,
+                   True)
     lm = bounded(LayoutModel(tables, wus))
-    warm = greedy(tables, wus)
+    warm = greedy(tables, wus, points, limit)
     warm_fits = peak(warm)[0] <= limit or not points
     upper = lm.units(warm) if warm_fits else None
     if upper is not None:
@@ -406,6 +449,8 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
             s2 = _solver(left, workers, seed)
             code2 = s2.Solve(m2)
             state["solve_s"] += s2.WallTime()
+            if code2 == cp_model.MODEL_INVALID:
+                raise RuntimeError(f"internal: CP-SAT rejects the tie-break model: {m2.Validate()[:300]}")
             if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
         mem, at = peak(point)
@@ -437,6 +482,27 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
     nvar, ncons = lm.size()
     return Solved(point, status, obj, min(bound, obj), state["solve_s"], nvar, ncons, len(lm.memory_rows),
                   lm.tolerance_s(), notes, mem)
+
+
+def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
+    """A lower bound on the peak memory of every layout: at each liveness point, the sum over
+    its tensors (and running op) of their smallest bytes under any assignment, less the most
+    any storage option of each parameter saves on them. When it exceeds the limit, nothing
+    fits — proven without a CP-SAT solve (e.g. no remat for a large model)."""
+    graph = tables.graph
+    least: dict[str, int] = {}
+    for t in graph.tensors():
+        least[t.name] = int(tables.tensor_bytes(t).min())
+        if graph.op(t.name).kind not in SOURCES:
+            least[transient(t.name)] = int(tables.transient_bytes(graph.op(t.name))[1].min())
+    for p in wus:
+        saves: dict[str, int] = {}
+        for o in p.options:
+            for n, b in o.dbytes.items():
+                saves[n] = min(saves.get(n, 0), b)
+        for n, b in saves.items():
+            least[n] = least.get(n, 0) + b
+    return peak_of(points, least)[0]
 
 
 def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: dict, left: float,

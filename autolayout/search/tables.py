@@ -69,7 +69,11 @@ class _FastMesh(Mesh):
 class Tables:
     """Costs of ``graph`` on ``mesh`` under ``hw``, per dim group and assignment."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, *, regions: bool = True) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, *, regions: bool = True,
+                 op_costs: dict | None = None) -> None:
+        """``op_costs``: a dict to keep ``op_cost`` results in, by the op's cost signature and
+        the orbit of its assignment; pass the same one to the tables of several remat policies
+        of one step on one mesh and hardware to share them."""
         self.graph, self.mesh, self.hw = graph, mesh, hw
         self.fast_mesh = _FastMesh(mesh.axes)
         self.space = Space(graph, mesh, regions=regions)
@@ -80,7 +84,7 @@ class Tables:
         for a in self.space.axes:
             buckets[(mesh.axis_size(a), hw.link_for(a))].append(a)
         self.symmetric: list[tuple[str, ...]] = [tuple(v) for v in buckets.values()]
-        self._op_cache: dict[tuple, OpCost] = {}
+        self._op_cache: dict[tuple, OpCost] = {} if op_costs is None else op_costs
         self._sig: dict[str, tuple] = {}
         self._tdims: dict[str, tuple[str, ...]] = {}
         self.rank = {n: i for i, n in enumerate(graph.order)}

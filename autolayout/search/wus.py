@@ -32,13 +32,14 @@ zoo's optimizers) are left whole, since ``predict`` would not add their effects.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
-from autolayout.core import STAGES, Layout, LayoutError
+from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
-from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shards
+from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
 from autolayout.search.liveness import transient
 from autolayout.costmodel.overlap import domain_of
@@ -109,8 +110,8 @@ def touched(graph: Graph, sh: StorageShard) -> set[str]:
     return {n for n in ops if graph.op(n).kind not in ("input", "param", "opt_state")}
 
 
-def _delta_key(tables: Tables, sh: StorageShard, op, axes_of: dict) -> tuple:
-    """Everything an op's plan under a shard depends on: the axes of its own dims, the shard's
+def _static_key(tables: Tables, sh: StorageShard, op) -> tuple:
+    """What an op's plan under a shard depends on besides the axes of its own dims: the shard's
     axes/dim/stage, and which of the shard's sets the op, its inputs (and a carry's next
     value) belong to."""
     graph = tables.graph
@@ -125,70 +126,132 @@ def _delta_key(tables: Tables, sh: StorageShard, op, axes_of: dict) -> tuple:
         extra = member(nxt) if nxt else ()
     # the op's cost signature (kind, shapes, dtypes, fusion, regions, overlap) stands for the op:
     # ops alike under alike shards plan alike, so parameters share these deltas (wq, wk, wv)
-    return (tables.cost_signature(op), op.loop is not None, tuple(axes_of.get(d, ()) for d in tables.views.op(op)),
-            sh.axes, sh.dim, sh.stage, member(op.name), tuple(member(i) for i in op.inputs), extra)
+    return (tables.cost_signature(op), op.loop is not None, sh.axes, sh.dim, sh.stage, member(op.name),
+            tuple(member(i) for i in op.inputs), extra)
+
+
+@dataclass
+class _ShardFacts:
+    """Per shard (the cached object of ``storage_shard``): the ops it touches in rank order
+    with their dims and static delta keys, and the stored tensors whose bytes it changes."""
+
+    ops: list  # (name, op dims, static key, multiplicity, overlap domain)
+    tensors: list  # (name, tensor dims)
+    op_names: set
+
+
+def _facts(tables: Tables, sh: StorageShard, dims: tuple[str, ...], pname: str) -> _ShardFacts:
+    graph = tables.graph
+    ops = touched(graph, sh)
+    outside = {d for n in ops for d in tables.views.op(graph.op(n))} - set(dims) - graph.loop_dims
+    if outside:  # option_dims covers every op a shard touches; a miss would price wrongly
+        raise RuntimeError(f"internal: storage option of {pname!r} touches dims {sorted(outside)} "
+                           f"outside its group {dims}")
+    rows = []
+    for name in sorted(ops, key=tables.rank.__getitem__):
+        op = graph.op(name)
+        rows.append((name, tuple(tables.views.op(op)), _static_key(tables, sh, op), op.multiplicity, domain_of(op)))
+    tensors = []
+    for n in sorted(sh.stored, key=tables.rank.__getitem__):
+        op = graph.op(n)
+        if op.hbm and not op.hbm[-1]:
+            continue  # fused: takes no memory either way
+        tensors.append((n, tables.tensor_dims(graph.tensor(n))))
+    return _ShardFacts(rows, tensors, ops)
+
+
+def _canonical(tables: Tables, key: tuple) -> tuple:
+    """The smallest of ``key``'s images under the permutations of interchangeable axes (same
+    size and link; tables.py prices an op alike under all of them): its own axes and the
+    shard's axes ``U`` are permuted together."""
+    perms = tables.__dict__.get("_axis_perms")
+    if perms is None:
+        classes = [c for c in tables.symmetric if len(c) > 1]
+        perms = [{}]
+        for c in classes:
+            perms = [{**p, **dict(zip(c, q))} for p in perms for q in itertools.permutations(c)]
+        tables.__dict__["_axis_perms"] = perms
+    static, axes = key
+    if len(perms) == 1:
+        return ("canon", static, axes)
+    names = tables.mesh.axis_names
+    best = None
+    for p in perms:
+        u = tuple(a for a in names if a in {p.get(b, b) for b in static[2]})
+        img = (u, tuple(tuple(p.get(a, a) for a in ax) for ax in axes))
+        if best is None or img < best:
+            best = img
+    return ("canon", static[:2] + (best[0],) + static[3:], best[1])
 
 
 def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
              deltas: dict) -> list[tuple[WusOption, set]]:
+    """The storage options of ``pname`` when ``dims`` have assignment ``index``. ``shards``
+    (per graph) caches shards by what their sets depend on and the facts of each; ``deltas``
+    (shared by all parameters) the per-op and per-tensor changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     g = tables.group(dims)
     axes_of = g.axes_of(index)
+    base = tables.space.base
     regs = tables.regions
     reduce_ops, _ = gradient_walk(graph, pname, axes_of, regs)
+    sets = shards.setdefault("sets", {})
+    facts = shards.setdefault("facts", {})
+    tbytes = shards.setdefault("bytes", {})  # by id(shard): the shards live as long as ``shards``
     out = []
     seen: dict[tuple, tuple] = {}
     for U in candidate_axes(tables, reduced_axes(tables, pname, axes_of, reduce_ops)):
         for stage in STAGES:
-            layout = Layout(sorted(axes_of.items()), [(pname, U, stage)])
-            key = (tuple(sorted(axes_of.items())), U, stage)
-            if key not in shards:
-                try:
-                    shards[key] = storage_shards(graph, mesh, layout, axes_of, regs)[0][pname]
-                except LayoutError:
-                    shards[key] = None  # e.g. stage 1 on a gradient path that is not linear
-            sh = shards[key]
-            if sh is None:
-                continue
-            ops = touched(graph, sh)
-            outside = {d for n in ops for d in tables.views.op(graph.op(n))} - set(dims) - graph.loop_dims
-            if outside:  # option_dims covers every op a shard touches; a miss would price wrongly
-                raise RuntimeError(f"internal: storage option of {pname!r} touches dims {sorted(outside)} "
-                                   f"outside its group {dims}")
-            sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
+            try:
+                sh = storage_shard(graph, mesh, axes_of, pname, U, stage, regs, cache=sets)
+            except LayoutError:
+                continue  # e.g. stage 1 on a gradient path that is not linear
+            f = facts.get(id(sh))
+            if f is None:
+                f = facts[id(sh)] = _facts(tables, sh, dims, pname)
+            sharded = None
             dtime = 0.0
             dbytes = {}
             dover: dict[str, float] = {}
-            for name in sorted(ops, key=tables.rank.__getitem__):
-                op = graph.op(name)
-                key = _delta_key(tables, sh, op, axes_of)
+            for name, odims, static, mult, dom in f.ops:
+                key = (static, tuple(axes_of.get(d, ()) for d in odims))
                 hit = deltas.get(key)
+                if hit is None:  # the same delta for axes permuted among interchangeable ones
+                    canon = _canonical(tables, key)
+                    hit = deltas.get(canon)
+                    if hit is not None:
+                        deltas[key] = hit
                 if hit is None:  # the op's time with the shard minus under the rules alone
+                    op = graph.op(name)
+                    if sharded is None:
+                        sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
                     plan = sharded.op_plan(op)
                     new = split(price(plan, op, mesh, hw, tables.overlap))
                     rules_alone = tables.op_cost(op, dims, g.assignments[index])
                     old = split(rules_alone)
-                    hit = deltas[key] = (new[0] - old[0], new[1] - old[1],
-                                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes)
-                dtime += hit[0] * op.multiplicity
+                    hit = deltas[key] = deltas[canon] = (
+                        new[0] - old[0], new[1] - old[1],
+                        transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes)
+                dtime += hit[0] * mult
                 if hit[1]:
-                    dom = domain_of(op)
-                    dover[dom] = dover.get(dom, 0.0) + hit[1] * op.multiplicity
+                    dover[dom] = dover.get(dom, 0.0) + hit[1] * mult
                 if hit[2]:
                     dbytes[transient(name)] = hit[2]
-            for n in sh.stored:
-                op = graph.op(n)
-                if op.hbm and not op.hbm[-1]:
-                    continue  # fused: takes no memory either way
-                diff = sharded.local_bytes(n) - _rules_bytes(tables, n, axes_of)
+            for n, tdims in f.tensors:
+                key = (id(sh), n, tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in tdims))
+                diff = tbytes.get(key)
+                if diff is None:
+                    if sharded is None:
+                        sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
+                    diff = tbytes[key] = int(sharded.local_bytes(n) - _rules_bytes(tables, n, axes_of))
                 if diff:
-                    dbytes[n] = int(diff)
+                    dbytes[n] = diff
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
                    tuple(sorted((d, round(v, 15)) for d, v in dover.items())))
             if sig in seen and seen[sig][0] == U:
                 continue  # the same effect as a lower stage (e.g. no stacked gradient to defer)
             seen[sig] = (U, stage)
-            out.append((WusOption(index, U, dtime, dbytes, stage, dover), ops))
+            out.append((WusOption(index, U, dtime, dbytes, stage, dover), f.op_names))
     return out
 
 
@@ -226,12 +289,16 @@ def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
     return tables.space.order(dims)
 
 
-def wus_options(tables: Tables) -> tuple[list[WusParam], list[str]]:
-    """Storage options of every parameter with a gradient; also notes on parameters left out."""
+def wus_options(tables: Tables, deltas: dict | None = None) -> tuple[list[WusParam], list[str]]:
+    """Storage options of every parameter with a gradient; also notes on parameters left out.
+
+    ``deltas``: a dict to keep the per-op changes in, shared by all parameters and, when the
+    caller passes the same one, by the graphs of several remat policies of one step on one
+    mesh and hardware (its keys hold everything a change depends on: :func:`_static_key`)."""
     graph = tables.graph
     out: list[WusParam] = []
     notes: list[str] = []
-    deltas: dict = {}  # shared by all parameters (see _delta_key)
+    deltas = {} if deltas is None else deltas
     for t in graph.params():
         if not gradient_walk(graph, t.name, {})[1]:
             continue  # no recorded gradient: nothing to shard
