@@ -791,3 +791,20 @@ def test_tie_break_weights_stay_valid_for_cp_sat_on_a_large_model():
     m.Minimize(cp_model.LinearExpr.WeightedSum(bits, coefs))
     assert m.Validate() == ""
     assert w[0] > sum(w[1:])  # the first slot still outweighs everything after it
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_lm"], ids=["mlp", "transformer"])
+def test_memory_floor_is_below_every_layouts_peak(name):
+    """The floor that lets the search prove 'nothing fits' without CP-SAT is a true lower bound:
+    at most the smallest peak of the exhaustive enumeration (predict); below it the search
+    says nothing fits."""
+    from autolayout.search.liveness import live_points
+    from autolayout.search.solver import memory_floor
+    g, mesh = graph(name), "rows:2,cols:4"
+    tables = Tables(g, Mesh.parse(mesh), get_hardware("tpu-v3"), regions=False)
+    floor = memory_floor(tables, [], live_points(g))
+    smallest = _layout_memories(g, mesh)[0]
+    assert 0 < floor <= smallest
+    with pytest.raises(SearchError, match="below the smallest peak memory") as exc:  # proven by the floor
+        search(g, mesh, hardware="tpu-v3", memory_limit=floor - 1, shard_weight_update=False, **MTF)
+    assert exc.value.reason == "memory"
