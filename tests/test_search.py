@@ -793,7 +793,7 @@ def test_tie_break_weights_stay_valid_for_cp_sat_on_a_large_model():
     assert w[0] > sum(w[1:])  # the first slot still outweighs everything after it
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer_lm"], ids=["mlp", "transformer"])
+@pytest.mark.parametrize("name", ["mlp", "moe"])
 def test_memory_floor_is_below_every_layouts_peak(name):
     """The floor that lets the search prove 'nothing fits' without CP-SAT is a true lower bound:
     at most the smallest peak of the exhaustive enumeration (predict); below it the search
