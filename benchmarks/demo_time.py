@@ -4,9 +4,8 @@
     python benchmarks/demo_time.py --runs 1 --no-execute
 
 Each run is a fresh process (``python -m autolayout.cli demo``, imports included), as
-the README's quickstart runs it, and by default compiles everything (``AUTOLAYOUT_CACHE=0``),
-as the first run on a new machine does; ``--cached`` measures later runs, which reuse the
-demo's compilation cache. Prints every run's wall time, the median, the machine's
+the README's quickstart runs it, compiling everything (the demo does not use jax's
+persistent compilation cache: ``autolayout.demo.compile_cache_dir``). Prints every run's wall time, the median, the machine's
 load average before each run (timings on a shared machine are noisy: compare medians),
 where the demo said its report is, and whether ``git status --porcelain`` is the same
 before and after (the quickstart must not touch the repository). The target is 60 s on
@@ -38,15 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-execute", action="store_true", help="time `autolayout demo --no-execute`")
-    parser.add_argument("--cached", action="store_true",
-                        help="let the demo use its compilation cache (~/.cache/autolayout/jax) as a second run "
-                             "does; default: every run compiles everything, as a first run on a new machine")
     args = parser.parse_args(argv)
     cmd = [sys.executable, "-m", "autolayout.cli", "demo", "--quiet"] + (["--no-execute"] if args.no_execute else [])
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if not args.cached:
-        env["AUTOLAYOUT_CACHE"] = "0"
     before = git_status()
     times = []
     for i in range(args.runs):
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     clean = git_status() == before
     med = statistics.median(times)
     print(f"`autolayout demo{' --no-execute' if args.no_execute else ''}` "
-          f"({'cached compiles' if args.cached else 'first run: no compilation cache'}): median {med:.1f} s over {len(times)} "
+          f"(no compilation cache): median {med:.1f} s over {len(times)} "
           f"run(s) (min {min(times):.1f} s, max {max(times):.1f} s); target {TARGET_S:.0f} s: "
           f"{'met' if med <= TARGET_S else 'MISSED'}")
     print(f"git status after the runs: {'unchanged' if clean else 'CHANGED'}")
