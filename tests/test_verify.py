@@ -7,9 +7,11 @@ medians themselves (the winner is the measured fastest, never the slowest).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
+import jax
 import pytest
 
 import autolayout
@@ -157,3 +159,26 @@ def test_measure_compares_every_run_with_one_reference(cpu_devices):
         assert ex.max_abs_error == own.max_abs_error and ex.max_rel_error == own.max_rel_error
         assert len(ex.step_times_s) == 3 and ex.step_time_s == statistics.median(ex.step_times_s)
         assert ex.collectives_match
+
+
+def test_a_run_with_wrong_outputs_cannot_win(cpu_devices, monkeypatch):
+    """A layout whose program computes something else (e.g. an executable XLA:CPU reloaded
+    wrongly from a persistent cache) is kept as an error row, never chosen as the fastest."""
+    from autolayout.exec import runner
+
+    g, k = small(), 3
+    first = best_layouts(g, MESH, k, hardware="cpu", distinct="rules", **RULES)[0].layout
+    real = runner.execute
+
+    def execute(graph, mesh, layout, **kw):
+        ex = real(graph, mesh, layout, **kw)
+        if layout == first:  # the same run, its outputs off by 1%
+            ex = dataclasses.replace(ex, outputs=jax.tree_util.tree_map(lambda x: x * 1.01, ex.outputs))
+        return ex
+
+    monkeypatch.setattr(runner, "execute", execute)
+    r = verify(g, MESH, k, hardware="cpu", repeats=2, devices=cpu_devices, compiler_options=FAST, **RULES)
+    bad = r.verified[0]
+    assert bad.layout == first and not bad.ok and bad.error.startswith("OutputMismatch: max relative error")
+    assert bad.max_rel_error == pytest.approx(0.01, rel=1e-3)
+    assert r.layout != first and all(v.ok for v in r.verified[1:])
