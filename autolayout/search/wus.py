@@ -35,12 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, Layout, LayoutError
-from autolayout.costmodel.memory import transient_bytes
+from autolayout.costmodel.memory import held_bytes, transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shards
 from autolayout.graph import Graph
-from autolayout.search.liveness import transient
+from autolayout.search.liveness import held as held_name, transient
 from autolayout.costmodel.overlap import domain_of
 from autolayout.search.tables import Tables, mesh_order, split
 
@@ -169,13 +169,16 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
                     rules_alone = tables.op_cost(op, dims, g.assignments[index])
                     old = split(rules_alone)
                     hit = deltas[key] = (new[0] - old[0], new[1] - old[1],
-                                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes)
+                                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
+                                         held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes)
                 dtime += hit[0] * op.multiplicity
                 if hit[1]:
                     dom = domain_of(op)
                     dover[dom] = dover.get(dom, 0.0) + hit[1] * op.multiplicity
                 if hit[2]:
                     dbytes[transient(name)] = hit[2]
+                if hit[3]:
+                    dbytes[held_name(name)] = hit[3]
             for n in sh.stored:
                 op = graph.op(n)
                 if op.hbm and not op.hbm[-1]:
