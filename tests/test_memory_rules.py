@@ -163,3 +163,39 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
                 assert peak_of(points, sizes_of(tables, wus, Decoded(axes_of, upd, active)))[0] == want, str(lw)
                 checked += 1
     assert checked and changed  # held bytes are in play on some of the layouts compared
+
+
+# ------------------------------------------------------------------------- scan loop state
+def test_scan_state_is_one_buffer_by_hand():
+    """A scan's carry is one buffer (XLA's while aliases operand, body parameter, root and
+    result): the final carry takes memory from its own unit after the loop, and an initial
+    value the scan reads last is freed before the scan."""
+    from autolayout.costmodel.memory import lifetimes
+    from autolayout.graph import Loop
+
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=2, d_kv=8, n_layers=2, vocab=32, batch=4, length=8,
+                              train=False)
+    units, alloc, free = lifetimes(g)
+    (i, lp), = [(i, u) for i, u in enumerate(units) if isinstance(u, Loop)]
+    (carry, _), = lp.carries
+    (result, _), = lp.results
+    init, = g.op(carry).inputs
+    assert units[i + 1] == result and alloc[result] == i + 1
+    assert free[init] == i - 1 and alloc[init] < i
+
+
+def test_replicated_program_allocates_what_the_traced_function_does():
+    """Layout unsplit: the shard_map program the layout lowers to needs exactly the memory XLA
+    gives jax.jit of the traced function itself (a literal operand, here the -inf of a causal
+    mask inside the layer scan, is broadcast in the program, not closed over as a full-size
+    constant that XLA would keep for the whole loop)."""
+    from autolayout import execute
+
+    g = models.llama(d_model=32, heads=4, kv_heads=2, d_kv=8, d_ff=64, n_layers=2, vocab=64, batch=4, length=16,
+                     train=False)
+    args = models.example_args(g)
+    fast = {"xla_backend_optimization_level": 0}
+    ex = execute(g, MESH, "", args=args, repeats=1, reference=False, compiler_options=fast)
+    ref = jax.jit(g.evaluate).lower(*args).compile(compiler_options=fast).memory_analysis()
+    assert ex.xla_memory["temp"] == ref.temp_size_in_bytes
+    assert ex.xla_memory["argument"] == ref.argument_size_in_bytes

@@ -25,7 +25,13 @@ holds the two side by side):
 
 A scan is one step of the schedule: its stacked outputs are live throughout it, and
 its body adds the peak of one iteration's own tensors (an iteration's temporaries are
-freed before the next). While an op runs it also holds :func:`transient_bytes`.
+freed before the next). Its carried values are the loop state, one buffer that XLA's
+``while`` shares between its operand, the body's parameter and root and its result
+(``HloDataflowAnalysis``: a while's output aliases its operand; copy insertion adds a
+copy only where a value is still needed after): the body counts it while the loop runs,
+the final carry (the scan's result) takes memory only from its own unit after the loop,
+and an initial value that the scan reads last becomes the loop state (it is freed before
+the scan, as an element-wise op's operand is). While an op runs it also holds :func:`transient_bytes`.
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
@@ -81,10 +87,11 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 unit_of[n] = i
         else:
             unit_of[u] = i
-    # stacked outputs and final carries exist while their loop runs
+    # stacked outputs exist while their loop runs; a final carry is the loop state, which
+    # the body counts while it runs (its carried values), so it takes memory from its own unit
     for i, u in enumerate(units):
         if isinstance(u, Loop):
-            for n in (*u.stacks, *(r for r, _ in u.results)):
+            for n in u.stacks:
                 unit_of[n] = min(unit_of[n], i)
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
@@ -101,11 +108,16 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
             continue
         alloc[t.name] = unit_of[t.name]
         free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
-    for u in units:
+    for i, u in enumerate(units):
         if not isinstance(u, Loop):
             src = in_place_operand(graph, u, readers)
             if src in free and free[src] == unit_of[u] and alloc[src] < unit_of[u]:
                 free[src] = unit_of[u] - 1  # its buffer becomes u's
+            continue
+        for c, _ in u.carries:  # an initial value read last by its loop becomes the loop state
+            for src in graph.op(c).inputs:
+                if src in free and free[src] == i and alloc[src] < i and src not in outputs:
+                    free[src] = i - 1
     return units, alloc, free
 
 
