@@ -196,6 +196,14 @@ class Hardware:
             tensors on chip and recomputes them in the backward pass (FlashAttention, Dao et
             al. 2022), priced by :mod:`~autolayout.costmodel.attention`; see
             :data:`SRC_FUSED_ATTENTION` for which profiles set it.
+        combines_gradient_reductions: whether the step reduces its parameter gradients
+            together, after the last is computed, so that their unreduced partial sums are
+            live at once (:func:`~autolayout.costmodel.memory.held_bytes`): XLA:CPU combines
+            all-reduces with no byte threshold; see :data:`SRC_CPU_GRADIENT_REDUCTIONS`.
+        reduce_scatter_copies: whether a reduce-scatter of a dim that is not its operand's
+            most major first copies the operand into that layout
+            (:func:`~autolayout.costmodel.memory.transient_bytes`); see
+            :data:`SRC_CPU_GRADIENT_REDUCTIONS`.
 
     >>> hw = get_hardware("tpu-v5p")
     >>> hw.peak("bfloat16")
@@ -218,6 +226,10 @@ class Hardware:
     op_overhead_s: float = 0.0
     dot_operand_copies: bool = False
     fused_attention: bool = False  # SRC_FUSED_ATTENTION
+    # SRC_CPU_GRADIENT_REDUCTIONS: XLA:CPU; accelerators combine all-reduces only up to a
+    # byte threshold (XLA:GPU 30 MiB by default) and run them in place (GPU), so False there
+    combines_gradient_reductions: bool = False
+    reduce_scatter_copies: bool = False  # SRC_CPU_GRADIENT_REDUCTIONS: measured on XLA:CPU
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -312,6 +324,8 @@ class Hardware:
             "op_overhead_s": self.op_overhead_s,
             "dot_operand_copies": self.dot_operand_copies,
             "fused_attention": self.fused_attention,
+            "combines_gradient_reductions": self.combines_gradient_reductions,
+            "reduce_scatter_copies": self.reduce_scatter_copies,
         }
 
     @classmethod
@@ -606,6 +620,18 @@ SRC_ALL_REDUCE_IN_PLACE = (
     "takes two buffers in memory_analysis's temp); the TPU backend's is not public, so TPU profiles keep the "
     "generic rule")
 
+SRC_CPU_GRADIENT_REDUCTIONS = (
+    "XLA:CPU combines every all-reduce that does not depend on another into one, with no byte threshold "
+    "(openxla/xla xla/service/cpu/cpu_compiler.cc: CpuAllReduceCombiner(kCombineBytes = "
+    "std::numeric_limits<int64_t>::max(), kCombineCount = 256)), so a step's gradient all-reduces run "
+    "together after the last gradient; its schedulers (the default concurrency-optimized BFScheduler and the "
+    "DFSMemoryScheduler) also put the gradients' reduce-scatters after the last gradient contraction, and "
+    "its layout assignment makes a reduce-scatter's scattered dim most major, copying the operand where it "
+    "is not (measured: benchmarks/memory_vs_xla.py's mlp layouts, optimized HLO and buffer assignment; "
+    "tests/test_memory_rules.py). XLA:GPU combines all-reduces only up to "
+    "xla_gpu_all_reduce_combine_threshold_bytes (30 MiB by default) and runs them in place; the TPU "
+    "compiler's rules are not public: neither is modelled there")
+
 
 def _hopper(name: str, hbm_bytes: float, hbm_bw: float, sheet: str) -> Hardware:
     return Hardware(
@@ -668,6 +694,8 @@ CPU = Hardware(
     # synchronous rendezvous between the device threads): nothing overlaps compute.
     async_collectives=False,
     all_reduce_in_place=False,  # SRC_ALL_REDUCE_IN_PLACE: measured on XLA:CPU
+    combines_gradient_reductions=True,  # SRC_CPU_GRADIENT_REDUCTIONS
+    reduce_scatter_copies=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     description=(
         "PLACEHOLDER for the machine at hand (one JAX CPU device ~ one core). Not a measured "
         "profile: run calibrate and use the profile it writes instead."

@@ -9,13 +9,16 @@ holds the two side by side):
 * arguments (inputs, parameters, optimizer state) are live for the whole step: the
   caller owns their buffers;
 * outputs from their producer to the end. XLA allocates the result buffers for the
-  whole call but puts earlier temporaries that fit into them; counting an output only
-  once it is written assumes that reuse is complete (measured closer to XLA than
-  counting outputs for the whole call: 39 against 33 of benchmarks/memory_vs_xla.py's 58
-  layouts within 10%; the steps that do not donate their updated parameters are
-  under-predicted by up to 30% because of it). An output that reuses a donated
-  argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``) takes no
-  bytes of its own: XLA counts that buffer once (``alias``);
+  whole call but puts earlier temporaries into them that are no larger and not live at
+  the same time; counting an output only once it is written assumes that reuse is
+  complete, which holds where activations are no larger than the outputs (data-parallel
+  layouts);
+  steps that do not donate their updated parameters and optimizer state and hold larger
+  activations are under-predicted by up to 30% because of it (counting outputs for the
+  whole call instead: 39 against 45 of ``benchmarks/memory_vs_xla.py``'s 58 layouts
+  within 10%, the data-parallel layouts of those steps 30% over). An output that reuses
+  a donated argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``)
+  takes no bytes of its own: XLA counts that buffer once (``alias``);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
@@ -25,23 +28,44 @@ holds the two side by side):
 
 A scan is one step of the schedule: its stacked outputs are live throughout it, and
 its body adds the peak of one iteration's own tensors (an iteration's temporaries are
-freed before the next). While an op runs it also holds :func:`transient_bytes`. The
+freed before the next). Its carried values are the loop state, one buffer that XLA's
+``while`` shares between its operand, the body's parameter and root and its result
+(``HloDataflowAnalysis``: a while's output aliases its operand; copy insertion adds a
+copy only where a value is still needed after): the body counts it while the loop runs,
+the final carry (the scan's result) takes memory only from its own unit after the loop,
+and an initial value that the scan reads last becomes the loop state (it is freed before
+the scan, as an element-wise op's operand is). While an op runs it also holds :func:`transient_bytes`.
+
+On a backend that reduces a step's parameter gradients together
+(``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
+gradient (:func:`combined_reductions`, per computation: the top level and each scan body)
+also holds its unreduced partial sums (:func:`held_bytes`) at the point where the last of
+them runs, the point where XLA reduces them all: their all-reduces are combined into one
+(XLA:CPU's ``CpuAllReduceCombiner`` with no byte threshold, ``kCombineBytes =
+std::numeric_limits<int64_t>::max()``, openxla/xla ``xla/service/cpu/cpu_compiler.cc``;
+``AllReduceCombiner`` merges only all-reduces that do not depend on one another, which a
+step's gradients never do), and its scheduler puts the gradients' reduce-scatters after
+the last gradient contraction as well (measured: ``benchmarks/memory_vs_xla.py``'s
+ZeRO layouts of ``mlp``, under both XLA:CPU schedulers). The
 breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parameters'
 gradients) and ``activations`` (everything else: inputs, saved activations,
-temporaries, outputs that are not parameters or optimizer state), and ``transient``;
-the categories come from ``graph.param_roles``.
+temporaries, outputs that are not parameters or optimizer state), and ``transient``
+(held bytes included); the categories come from ``graph.param_roles``.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.placement import ALL_REDUCE
+from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "peak_memory", "transient_bytes"]
+__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "peak_memory", "transient_bytes", "held_bytes",
+           "combined_reductions"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -66,10 +90,11 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 unit_of[n] = i
         else:
             unit_of[u] = i
-    # stacked outputs and final carries exist while their loop runs
+    # stacked outputs exist while their loop runs; a final carry is the loop state, which
+    # the body counts while it runs (its carried values), so it takes memory from its own unit
     for i, u in enumerate(units):
         if isinstance(u, Loop):
-            for n in (*u.stacks, *(r for r, _ in u.results)):
+            for n in u.stacks:
                 unit_of[n] = min(unit_of[n], i)
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
@@ -86,11 +111,16 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
             continue
         alloc[t.name] = unit_of[t.name]
         free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
-    for u in units:
+    for i, u in enumerate(units):
         if not isinstance(u, Loop):
             src = in_place_operand(graph, u, readers)
             if src in free and free[src] == unit_of[u] and alloc[src] < unit_of[u]:
                 free[src] = unit_of[u] - 1  # its buffer becomes u's
+            continue
+        for c, _ in u.carries:  # an initial value read last by its loop becomes the loop state
+            for src in graph.op(c).inputs:
+                if src in free and free[src] == i and alloc[src] < i and src not in outputs:
+                    free[src] = i - 1
     return units, alloc, free
 
 
@@ -153,17 +183,79 @@ def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     * the unreduced partial sums of its output while their collective runs: a
       reduce-scatter (or a reduction that ends sliced) writes a new, smaller buffer, so
       the full-size partial one is live beside it; an all-reduce does too unless the
-      backend runs it in place (``hardware.all_reduce_in_place``).
+      backend runs it in place (``hardware.all_reduce_in_place``);
+    * where ``hardware.reduce_scatter_copies`` (XLA:CPU), a copy of those partial sums
+      when a reduce-scatter splits a dim that is not the most major of the op's output
+      (its first dim of local size > 1, in the op's output order: a contraction's as
+      ``dot_general`` gives it, ``costmodel/dotcopy.py``). A reduce-scatter hands each
+      device one contiguous block of its operand, so XLA lays the operand out with the
+      scattered dim most major and copies it into that layout first (measured in XLA:CPU's
+      optimized HLO: a ``copy`` to layout ``{0,1}`` of the ``[io, hidden]`` gradient before
+      the reduce-scatter of its ``hidden`` dim; ``tests/test_memory_rules.py``).
 
     ``predict`` and the search's memory rows both count this (one rule)."""
-    extra = 0
-    if p.computed.partial and p.out_steps:
-        in_place = (hardware.all_reduce_in_place and p.out_conversion is None
-                    and all(s.kind == ALL_REDUCE for s in p.out_steps))
-        if not in_place:
-            sizes = {d.name: d.size for d in op.dims}
-            extra = p.computed.local_elements(sizes, mesh) * op.output.itemsize
+    extra = _partial_bytes(p, op, mesh, hardware)
+    if extra and hardware.reduce_scatter_copies:
+        sizes = {d.name: d.size for d in op.dims}
+        lead = [d for d in p.computed.dims if p.computed.local_size(d, sizes[d], mesh) > 1][:1]
+        if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
+            extra *= 2
     return int(p.temp_bytes + extra)
+
+
+def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """Bytes of the op planned as ``p`` that stay live until the step reduces its gradients
+    together, when ``op`` is one of :func:`combined_reductions` and
+    ``hardware.combines_gradient_reductions`` (module docstring): the unreduced partial sums
+    of its output, as :func:`transient_bytes` counts them while their collective runs
+    (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
+    other hardware."""
+    return _partial_bytes(p, op, mesh, hardware) if hardware.combines_gradient_reductions else 0
+
+
+def _partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """The second buffer the reduction of ``p``'s partial output needs: the full-size partial
+    sums beside the reduced result (0: nothing to reduce, or an all-reduce run in place)."""
+    if not (p.computed.partial and p.out_steps):
+        return 0
+    if (hardware.all_reduce_in_place and p.out_conversion is None
+            and all(s.kind == ALL_REDUCE for s in p.out_steps)):
+        return 0
+    sizes = {d.name: d.size for d in op.dims}
+    return int(p.computed.local_elements(sizes, mesh) * op.output.itemsize)
+
+
+class _EveryDimSplit(dict):
+    """``axes_of`` with every dim split: :func:`~autolayout.costmodel.storage.gradient_walk`
+    then stops at the first reducing op on each path back from a gradient, whatever the
+    layout."""
+
+    def get(self, key, default=None):  # noqa: ANN001, ANN201 (a Mapping's get)
+        return ("*",)
+
+
+@lru_cache(maxsize=256)
+def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
+    """Where the step reduces its parameter gradients together (module docstring), per
+    computation (``None``: the top level; a loop's name: its body, once per iteration):
+    ``(position, ops)``, the ops that may reduce a parameter's gradient (the first reducing
+    op on each path back from it, :func:`~autolayout.costmodel.storage.gradient_walk`;
+    whether one does depends on the layout: :func:`held_bytes` is 0 where it does not) and
+    the position of the last of them (a schedule unit of ``graph.schedule``, or a position
+    in the loop's body)."""
+    body_loop = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    found: dict[str | None, list[str]] = {}
+    for param in graph.param_roles:
+        ops, _ = gradient_walk(graph, param, _EveryDimSplit())
+        for o in ops:
+            found.setdefault(body_loop.get(o), []).append(o)
+    unit_of = {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}
+    out = {}
+    for loop, ops in found.items():
+        pos = unit_of if loop is None else {n: i for i, n in enumerate(graph.loops[loop].body)}
+        ops = sorted(set(ops), key=pos.__getitem__)
+        out[loop] = (pos[ops[-1]], tuple(ops))
+    return out
 
 
 def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
@@ -186,13 +278,18 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
     return order, last
 
 
-def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None
-                ) -> tuple[int, dict]:
+def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
+                held: Mapping[str, int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
-    (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers)
-    and the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered)."""
+    (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
+    the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered) and the
+    bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
+    reduction (:func:`held_bytes`, :func:`combined_reductions`)."""
     temps = temps or {}
+    held = held or {}
+    combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
+    waiting = _waiting(combined.get(None), units, held)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
     delta = [0] * (end + 2)
@@ -205,27 +302,42 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         running += delta[i]
         total = running
         if isinstance(u, Loop):
-            bodies[i] = _body_peak(graph, u, size, temps)
+            bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name), u.body, held))
             total += bodies[i][0]
         else:
-            total += temps.get(u, 0)
+            total += temps.get(u, 0) + waiting.get(i, 0)
         if total > best:
             best, best_at = total, i
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
-    body_live, body_op = bodies.get(best_at, (0, [], None))[1:]
+    body_live, body_op, body_at = bodies.get(best_at, (0, [], None, 0))[1:]
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
     unit = units[best_at] if units else None
-    breakdown["transient"] = temps.get(body_op if isinstance(unit, Loop) else unit, 0)
+    if isinstance(unit, Loop):
+        breakdown["transient"] = (temps.get(body_op, 0)
+                                  + _waiting(combined.get(unit.name), unit.body, held).get(body_at, 0))
+    else:
+        breakdown["transient"] = temps.get(unit, 0) + waiting.get(best_at, 0)
     return max(best, 0), breakdown
 
 
-def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int]
-               ) -> tuple[int, list, str | None]:
+def _waiting(group: tuple[int, tuple[str, ...]] | None, units, held: Mapping[str, int]) -> dict[int, int]:
+    """``{position: bytes}``: the held bytes of a computation's gradient-reducing ops, live at
+    the position of its combined reduction (the op running there counts its own in its
+    transient bytes)."""
+    if group is None:
+        return {}
+    at, ops = group
+    return {at: sum(held.get(o, 0) for o in ops if o != units[at])}
+
+
+def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
+               waiting: Mapping[int, int]) -> tuple[int, list, str | None, int]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
-    with the transient bytes of the op running there; the live tensors and that op."""
+    with the transient bytes of the op running there (and the ``waiting`` held bytes of the
+    body's combined reduction); the live tensors, that op and its position."""
     order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
     delta = [0] * (end + 2)
@@ -235,6 +347,8 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
     best, best_at, running = 0, 0, 0
     for i in range(end):
         running += delta[i]
-        if running + temps.get(lp.body[i], 0) > best:
-            best, best_at = running + temps.get(lp.body[i], 0), i
-    return best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None)
+        total = running + temps.get(lp.body[i], 0) + waiting.get(i, 0)
+        if total > best:
+            best, best_at = total, i
+    return (best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None),
+            best_at)

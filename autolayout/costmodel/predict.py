@@ -117,6 +117,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     overlap = overlappable(graph, hw)
     rows, colls = [], []
     temps: dict[str, int] = {}
+    held: dict[str, int] = {}
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     by_domain: dict[str, list[float]] = {}  # domain -> [compute, exposed, overlapped]
     for op in graph.ops():
@@ -124,6 +125,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
         n = op.multiplicity
         if oc.transient_bytes:
             temps[op.name] = oc.transient_bytes
+        if oc.held_bytes:
+            held[op.name] = oc.held_bytes
         dom = by_domain.setdefault(domain_of(op), [0.0, 0.0, 0.0])
         dom[0] += oc.compute_s * n
         dom[1] += (oc.comm_s - oc.overlapped_s) * n
@@ -142,7 +145,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, p.local_bytes, temps)
+    mem_total, breakdown = peak_memory(graph, p.local_bytes, temps, held)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(*({d: v[i] for d, v in by_domain.items()} for i in range(3)))

@@ -28,7 +28,7 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import transient_bytes
+from autolayout.costmodel.memory import held_bytes, transient_bytes
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
 from autolayout.costmodel.regions import Regions
@@ -82,6 +82,7 @@ class OpCost:
     comm_s: float
     overlapped_s: float = 0.0
     transient_bytes: int = 0  # held only while the op runs (:func:`~autolayout.costmodel.memory.transient_bytes`)
+    held_bytes: int = 0  # held until the combined gradient reduction (:func:`~autolayout.costmodel.memory.held_bytes`)
 
     @property
     def time_s(self) -> float:
@@ -148,7 +149,8 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
-                  sum(c.time_s for c in colls if c.overlapped), transient_bytes(p, graph_op, mesh, hw))
+                  sum(c.time_s for c in colls if c.overlapped), transient_bytes(p, graph_op, mesh, hw),
+                  held_bytes(p, graph_op, mesh, hw))
 
 
 def _sizes(op: Op) -> dict[str, int]:

@@ -427,6 +427,10 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         # XLA:CPU copies a dot's operands into [batch, M, K] order where they are not
         # (autolayout.costmodel.dotcopy; benchmarks/einsum_layout.py measures the cost)
         dot_operand_copies=platform == "cpu",
+        # XLA:CPU reduces a step's gradients together and relayouts reduce-scatter operands
+        # (costmodel/memory.py; hardware.SRC_CPU_GRADIENT_REDUCTIONS)
+        combines_gradient_reductions=platform == "cpu",
+        reduce_scatter_copies=platform == "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),

@@ -131,7 +131,10 @@ class LocalOps:
             raise LoweringError(f"op {op.name!r}: a non-uniform literal operand cannot be sliced locally")
         names = iter(op.output.dim_names)
         local = tuple(1 if s == 1 else self.lsize(next(names), axes) for s in lit.shape)
-        return np.broadcast_to(lit.reshape(-1)[:1].reshape(()), local)
+        # broadcast in the program (as the traced function did), not a concrete array: a
+        # concrete one inside a scan body is a loop constant XLA keeps for the whole loop
+        import jax.numpy as jnp
+        return jnp.broadcast_to(jnp.asarray(lit.reshape(-1)[0], dtype=lit.dtype), local)
 
     def flat_replay(self, op: Any, ins: dict, flat: Placement) -> Any:
         """An elementwise op on flattened update shards: its primitive bound on the shards

@@ -13,6 +13,10 @@ point's live tensors instead of summing them. Points:
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
 
+The point where a computation reduces its gradients together also lists the
+:func:`held` bytes of its other gradient-reducing ops
+(``memory.combined_reductions``, ``memory.held_bytes``: 0 on hardware that does not).
+
 ``peak_memory(graph, mesh, axes_of, shrink)[0] == max(Σ sizes over point)``
 for every layout; ``tests/test_search.py`` checks this against the cost model.
 """
@@ -20,12 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autolayout.costmodel.memory import body_lifetimes, lifetimes
+from autolayout.costmodel.memory import body_lifetimes, combined_reductions, lifetimes
 from autolayout.graph import Graph, Loop
 
-__all__ = ["live_points", "peak_of", "transient", "is_transient", "op_of"]
+__all__ = ["live_points", "peak_of", "transient", "is_transient", "held", "is_held", "op_of"]
 
 _TRANSIENT = "\x00transient:"
+_HELD = "\x00held:"
 
 
 def transient(op: str) -> str:
@@ -39,38 +44,58 @@ def is_transient(name: str) -> bool:
     return name.startswith(_TRANSIENT)
 
 
+def held(op: str) -> str:
+    """The name under which a live set lists the bytes gradient-reducing ``op`` holds until its
+    computation's combined reduction (:func:`~autolayout.costmodel.memory.held_bytes`)."""
+    return _HELD + op
+
+
+def is_held(name: str) -> bool:
+    return name.startswith(_HELD)
+
+
 def op_of(name: str) -> str:
-    """The op of a :func:`transient` name."""
-    return name[len(_TRANSIENT):]
+    """The op of a :func:`transient` or :func:`held` name."""
+    return name[len(_HELD if is_held(name) else _TRANSIENT):]
 
 
 def live_points(graph: Graph) -> list[tuple[str, ...]]:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order."""
     units, alloc, free = lifetimes(graph)
+    combined = combined_reductions(graph)
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
 
-    def add(names: list[str], op: str | None) -> None:
-        key = tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
+    def add(names: list[str], op: str | None, waiting: tuple[str, ...] = ()) -> None:
+        key = (tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
+               + tuple(held(o) for o in waiting))
         if key not in seen:
             seen.add(key)
             points.append(key)
 
     for i, u in enumerate(units):
         live = [n for n in alloc if alloc[n] <= i <= free[n]]
-        bodies = _body_live_sets(graph, u) if isinstance(u, Loop) else []
+        bodies = _body_live_sets(graph, u, combined.get(u.name)) if isinstance(u, Loop) else []
         if not bodies:
-            add(live, None if isinstance(u, Loop) else u)
-        for body, op in bodies:
-            add(live + body, op)
+            add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i))
+        for body, op, waiting in bodies:
+            add(live + body, op, waiting)
     return points
 
 
-def _body_live_sets(graph: Graph, lp: Loop) -> list[tuple[list[str], str]]:
+def _waiting(group: tuple[int, tuple[str, ...]] | None, units, i: int) -> tuple[str, ...]:
+    """The gradient-reducing ops whose held bytes are live at position ``i`` (the op running
+    there counts its own in its transient bytes)."""
+    return tuple(o for o in group[1] if o != units[i]) if group is not None and group[0] == i else ()
+
+
+def _body_live_sets(graph: Graph, lp: Loop, group: tuple[int, tuple[str, ...]] | None
+                    ) -> list[tuple[list[str], str, tuple[str, ...]]]:
     order, last = body_lifetimes(graph, lp)
-    return [([n for n in lp.body if order[n] <= i <= last[n]], lp.body[i]) for i in range(len(lp.body))]
+    return [([n for n in lp.body if order[n] <= i <= last[n]], lp.body[i], _waiting(group, lp.body, i))
+            for i in range(len(lp.body))]
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:

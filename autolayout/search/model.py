@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from autolayout.search.liveness import is_transient, op_of
+from autolayout.search.liveness import is_held, is_transient, op_of
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -339,6 +339,8 @@ class LayoutModel:
         for n in names:
             if is_transient(n):  # bytes the running op holds (storage options add their own)
                 dims, vec = tables.transient_bytes(graph.op(op_of(n)))
+            elif is_held(n):  # bytes a gradient-reducing op holds until the combined reduction
+                dims, vec = tables.held_bytes(graph.op(op_of(n)))
             else:
                 t = graph.tensor(n)
                 dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)

@@ -46,7 +46,7 @@ from ortools.sat.python import cp_model
 from autolayout.core import Layout
 from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.plan import SOURCES
-from autolayout.search.liveness import live_points, peak_of, transient
+from autolayout.search.liveness import held, live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
@@ -107,6 +107,8 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         if tables.graph.op(t.name).kind not in SOURCES:  # bytes the op holds while it runs
             dims, vec = tables.transient_bytes(tables.graph.op(t.name))
             sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+            dims, vec = tables.held_bytes(tables.graph.op(t.name))
+            sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
@@ -495,6 +497,7 @@ def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
         least[t.name] = int(tables.tensor_bytes(t).min())
         if graph.op(t.name).kind not in SOURCES:
             least[transient(t.name)] = int(tables.transient_bytes(graph.op(t.name))[1].min())
+            least[held(t.name)] = int(tables.held_bytes(graph.op(t.name))[1].min())
     for p in wus:
         saves: dict[str, int] = {}
         for o in p.options:

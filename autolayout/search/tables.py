@@ -93,6 +93,7 @@ class Tables:
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
+        self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
             for name in c.ops:
@@ -209,6 +210,18 @@ class Tables:
             g = self.group(dims)
             hit = self._transient[op.name] = np.array(
                 [self.op_cost(op, dims, a).transient_bytes for a in g.assignments], dtype=np.int64)
+        return dims, hit
+
+    def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes ``op`` holds until its computation's combined gradient
+        reduction (``OpCost.held_bytes``: :func:`~autolayout.costmodel.memory.held_bytes`, as
+        ``predict`` counts them) for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._held.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            hit = self._held[op.name] = np.array(
+                [self.op_cost(op, dims, a).held_bytes for a in g.assignments], dtype=np.int64)
         return dims, hit
 
     def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:

@@ -36,12 +36,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import transient_bytes
+from autolayout.costmodel.memory import held_bytes, transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import transient
+from autolayout.search.liveness import held as held_name, transient
 from autolayout.costmodel.overlap import domain_of
 from autolayout.search.tables import Tables, mesh_order, split
 
@@ -231,12 +231,15 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
                     old = split(rules_alone)
                     hit = deltas[key] = deltas[canon] = (
                         new[0] - old[0], new[1] - old[1],
-                        transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes)
+                        transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
+                        held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes)
                 dtime += hit[0] * mult
                 if hit[1]:
                     dover[dom] = dover.get(dom, 0.0) + hit[1] * mult
                 if hit[2]:
                     dbytes[transient(name)] = hit[2]
+                if hit[3]:
+                    dbytes[held_name(name)] = hit[3]
             for n, tdims in f.tensors:
                 key = (id(sh), n, tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in tdims))
                 diff = tbytes.get(key)

@@ -1,0 +1,201 @@
+"""The memory rules of XLA:CPU the cost model follows (costmodel/memory.py), each checked against an
+independent reference: XLA's own ``memory_analysis()`` and optimized HLO of a small shard_map
+program (the compiler property itself), a hand calculation of the model's figure, and the search's
+live sets against ``predict`` on the profile that has the rules on.
+
+* gradient reductions together (``Hardware.combines_gradient_reductions``): XLA:CPU combines
+  independent all-reduces into one (``CpuAllReduceCombiner``, no byte threshold), so every
+  gradient's partial sums are live at once;
+* the reduce-scatter relayout copy (``Hardware.reduce_scatter_copies``): scattering a dim that is
+  not the operand's most major one first copies the operand into that layout.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from autolayout import models, predict
+from autolayout.core import Layout, Mesh
+from autolayout.costmodel.hardware import Hardware, get_hardware, known_hardware
+from autolayout.costmodel.memory import combined_reductions
+from autolayout.search import enumerate_layouts
+from autolayout.search.liveness import is_held, live_points, peak_of
+from autolayout.search.model import Decoded
+from autolayout.search.solver import sizes_of
+from autolayout.search.tables import Tables
+from autolayout.search.wus import wus_options
+
+F32 = 4
+IO, HIDDEN, BATCH = 128, 256, 64  # the mlp below: w [io, hidden], v [hidden, io], bias [hidden]
+MESH = "data:2,model:4"
+CPU = get_hardware("cpu")
+NEITHER = CPU.replace(combines_gradient_reductions=False, reduce_scatter_copies=False)
+
+
+def _xla(fn, *shapes):
+    """(optimized HLO text, memory_analysis temp bytes) of ``fn`` under shard_map over 8 devices,
+    every input split on its first dim."""
+    mesh = jax.make_mesh((8,), ("d",))
+    args = [jax.device_put(jnp.ones(s, jnp.float32), NamedSharding(mesh, P("d"))) for s in shapes]
+    return jax.jit(fn(mesh)).lower(*args).compile()
+
+
+def _mlp():
+    return models.mlp(batch=BATCH, d_io=IO, d_hidden=HIDDEN)
+
+
+# ----------------------------------------------------------------- XLA:CPU, the compiler property
+def test_xla_cpu_combines_independent_all_reduces_so_both_partials_are_live():
+    """Two independent psums of [128, 256] partial sums compile to one all-reduce of both, and the
+    heap holds both partial sums (2 x 128 KiB); one psum alone holds one."""
+    def step(n):
+        def body(x, a, b):
+            return tuple(jax.lax.psum(x.T @ w, "d") for w in (a, b)[:n])
+        return lambda mesh: jax.shard_map(body, mesh=mesh, in_specs=(P("d"),) * 3, out_specs=(P(),) * n)
+
+    two = _xla(step(2), (64, 128), (64, 256), (64, 256))
+    ars = [line for line in two.as_text().splitlines() if " all-reduce(" in line]
+    assert len(ars) == 1 and "all-reduce(%" in ars[0] and ars[0].count("f32[128,256]") == 2, ars
+    assert two.memory_analysis().temp_size_in_bytes == 2 * 128 * 256 * F32
+    one = _xla(step(1), (64, 128), (64, 256), (64, 256))
+    assert one.memory_analysis().temp_size_in_bytes == 128 * 256 * F32
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_xla_cpu_reduce_scatter_of_a_minor_dim_copies_its_operand(dim):
+    """psum_scatter of a [128, 256] partial sum: along dim 0 (most major) it is scattered in place
+    of layout; along dim 1 XLA first copies it to layout {0,1}, a second full-size buffer."""
+    def fn(mesh):
+        def body(x, a):
+            return jax.lax.psum_scatter(x.T @ a, "d", scatter_dimension=dim, tiled=True)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("d"),) * 2, out_specs=P(*([None] * dim), "d"))
+
+    c = _xla(fn, (64, 128), (64, 256))
+    copies = [line for line in c.as_text().splitlines() if "{0,1} copy(" in line]
+    assert bool(copies) == (dim == 1), copies
+    assert c.memory_analysis().temp_size_in_bytes == (1 + dim) * 128 * 256 * F32
+
+
+# ------------------------------------------------------------------ the model's figure by hand
+def test_gradient_reducing_ops_and_where_they_are_reduced_together():
+    g = _mlp()
+    at, ops = combined_reductions(g)[None]
+    assert set(ops) == {"grad/w", "grad/v", "reduce_sum_0"}  # reduce_sum_0: bias's batch sum
+    assert g.schedule[at] == "grad/w"  # the last of them in the schedule
+    assert combined_reductions(models.mlp(batch=BATCH, d_io=IO, d_hidden=HIDDEN, train=False)) == {}
+
+
+def test_data_parallel_peak_holds_every_gradient_twice_by_hand():
+    """batch over all 8 devices: at the combined all-reduce every gradient is there as partial
+    sums and as the reduced result (w, v: 128 KiB each, bias 1 KiB), beside the parameters."""
+    full = (2 * IO * HIDDEN + HIDDEN) * F32
+    c = predict(_mlp(), MESH, "batch:data,model", hardware=CPU)
+    assert c.memory["params"] == c.memory["grads"] == full
+    assert c.memory["transient"] == full  # partial sums of all three, live together
+    assert c.memory_bytes == 3 * full + c.memory["activations"]
+    one = predict(_mlp(), MESH, "batch:data,model", hardware=NEITHER)
+    assert one.memory["transient"] == IO * HIDDEN * F32  # one gradient's partial sums at a time
+
+
+def test_zero3_peak_adds_one_relayout_copy_by_hand():
+    """ZeRO-3 over all 8 devices: the reduce-scatters of grad/w [hidden, io] (w is stored split
+    on io) and grad/v [io, hidden] (v split on hidden) scatter a minor dim. At the last gradient
+    (grad/w) the model holds its partial sums and their copy, and grad/v's and bias's partial
+    sums: 3 x 128 KiB + 1 KiB, what XLA's buffer assignment shows for benchmarks/memory_vs_xla.py's
+    mlp-train ZeRO-3 layout (two gradients and one relayout copy at its peak)."""
+    c = predict(_mlp(), MESH, "batch:data,model|*:data,model@3", hardware=CPU)
+    assert c.memory["transient"] == 3 * IO * HIDDEN * F32 + HIDDEN * F32
+    only_copy = predict(_mlp(), MESH, "batch:data,model|*:data,model@3",
+                        hardware=NEITHER.replace(reduce_scatter_copies=True))
+    assert only_copy.memory["transient"] == 2 * IO * HIDDEN * F32
+
+
+def test_rules_are_off_on_accelerator_profiles_and_round_trip():
+    for name in known_hardware():
+        hw = get_hardware(name)
+        assert hw.combines_gradient_reductions == hw.reduce_scatter_copies == (name == "cpu"), name
+    back = Hardware.from_dict(CPU.to_dict())
+    assert back.combines_gradient_reductions and back.reduce_scatter_copies
+
+
+# ------------------------------------------------------------ the search prices it like predict
+CASES = [("mlp", "rows:2,cols:4"), ("transformer", "rows:2,cols:2")]
+
+
+def _graph(name):
+    if name == "mlp":
+        return models.mlp(batch=64, d_io=32, d_hidden=64)
+    return models.transformer_lm(d_model=16, d_ff=32, heads=2, d_kv=8, n_layers=2, vocab=32, batch=4, length=8)
+
+
+@pytest.mark.parametrize("name, mesh", CASES, ids=["-".join(c) for c in CASES])
+def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
+    """The search's live sets (held bytes at the combined reduction included) sum to predict's
+    peak on the cpu profile, for layouts of the enumeration and with storage sharded at each
+    ZeRO stage (whose reduce-scatters take the relayout copy)."""
+    g, mesh = _graph(name), Mesh.parse(mesh)
+    tables = Tables(g, mesh, CPU)
+    wus, _ = wus_options(tables)
+    points = live_points(g)
+    assert any(is_held(n) for p in points for n in p)
+    layouts = list(enumerate_layouts(g, mesh))
+    checked = changed = 0
+    for lay in layouts[:: max(1, len(layouts) // 10)]:
+        axes_of = dict(lay.rules)
+        c = predict(g, mesh, lay, hardware=CPU)
+        sizes = sizes_of(tables, wus, Decoded(axes_of, {}, []))
+        changed += any(sizes[n] for n in sizes if is_held(n))
+        assert peak_of(points, sizes)[0] == c.memory_bytes, str(lay)
+        for stage in (1, 2, 3):
+            active, upd = [], {}
+            for k, p in enumerate(wus):
+                i = tables.restrict(axes_of, p.dims)
+                for j, o in enumerate(p.options):
+                    if o.index == i and o.stage == stage and p.param not in upd:
+                        active.append((k, j))
+                        upd[p.param] = (o.axes, o.stage)
+            if upd:
+                lw = Layout(lay.rules, [(p, *e) for p, e in sorted(upd.items())])
+                want = predict(g, mesh, lw, hardware=CPU).memory_bytes
+                assert peak_of(points, sizes_of(tables, wus, Decoded(axes_of, upd, active)))[0] == want, str(lw)
+                checked += 1
+    assert checked and changed  # held bytes are in play on some of the layouts compared
+
+
+# ------------------------------------------------------------------------- scan loop state
+def test_scan_state_is_one_buffer_by_hand():
+    """A scan's carry is one buffer (XLA's while aliases operand, body parameter, root and
+    result): the final carry takes memory from its own unit after the loop, and an initial
+    value the scan reads last is freed before the scan."""
+    from autolayout.costmodel.memory import lifetimes
+    from autolayout.graph import Loop
+
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=2, d_kv=8, n_layers=2, vocab=32, batch=4, length=8,
+                              train=False)
+    units, alloc, free = lifetimes(g)
+    (i, lp), = [(i, u) for i, u in enumerate(units) if isinstance(u, Loop)]
+    (carry, _), = lp.carries
+    (result, _), = lp.results
+    init, = g.op(carry).inputs
+    assert units[i + 1] == result and alloc[result] == i + 1
+    assert free[init] == i - 1 and alloc[init] < i
+
+
+def test_replicated_program_allocates_what_the_traced_function_does():
+    """Layout unsplit: the shard_map program the layout lowers to needs exactly the memory XLA
+    gives jax.jit of the traced function itself (a literal operand, here the -inf of a causal
+    mask inside the layer scan, is broadcast in the program, not closed over as a full-size
+    constant that XLA would keep for the whole loop)."""
+    from autolayout import execute
+
+    g = models.llama(d_model=32, heads=4, kv_heads=2, d_kv=8, d_ff=64, n_layers=2, vocab=64, batch=4, length=16,
+                     train=False)
+    args = models.example_args(g)
+    fast = {"xla_backend_optimization_level": 0}
+    ex = execute(g, MESH, "", args=args, repeats=1, reference=False, compiler_options=fast)
+    ref = jax.jit(g.evaluate).lower(*args).compile(compiler_options=fast).memory_analysis()
+    assert ex.xla_memory["temp"] == ref.temp_size_in_bytes
+    assert ex.xla_memory["argument"] == ref.argument_size_in_bytes
