@@ -480,7 +480,10 @@ def test_layout_warns_when_not_proven_optimal(no_cp_sat_solution):
     assert isinstance(lay, Layout)
 
 
-def test_mesh_shape_search_time_out_never_over_the_limit(no_cp_sat_solution):
+def test_mesh_shape_search_time_out_never_over_the_limit(no_cp_sat_solution, monkeypatch):
+    from autolayout.search import solver
+    time_only = solver.greedy  # the warm start as the time descent alone leaves it (no repair to fit)
+    monkeypatch.setattr(solver, "greedy", lambda tables, wus, points=None, limit=0: time_only(tables, wus))
     g = graph("mlp")
     hw = "cpu"  # (its meshes' warm starts differ in memory: the premise below needs that)
     warm = {str(m): search(g, m, memory_limit=INF, time_limit_s=1e-4, hardware=hw).cost.memory_bytes
