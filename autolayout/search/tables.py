@@ -204,24 +204,23 @@ class Tables:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
         (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, as
         ``predict`` counts them) for each assignment of the group of its dims."""
-        dims = self.space.order(self.views.op(op))
-        hit = self._transient.get(op.name)
-        if hit is None:
-            g = self.group(dims)
-            hit = self._transient[op.name] = np.array(
-                [self.op_cost(op, dims, a).transient_bytes for a in g.assignments], dtype=np.int64)
-        return dims, hit
+        return self._per_assignment(op, "transient_bytes", self._transient)
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds until its computation's combined gradient
         reduction (``OpCost.held_bytes``: :func:`~autolayout.costmodel.memory.held_bytes`, as
         ``predict`` counts them) for each assignment of the group of its dims."""
+        return self._per_assignment(op, "held_bytes", self._held)
+
+    def _per_assignment(self, op: Op, field: str, cache: dict) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, values)``: ``op_cost(op, ...).<field>`` for each assignment of the group of
+        ``op``'s dims, kept in ``cache`` by op name."""
         dims = self.space.order(self.views.op(op))
-        hit = self._held.get(op.name)
+        hit = cache.get(op.name)
         if hit is None:
             g = self.group(dims)
-            hit = self._held[op.name] = np.array(
-                [self.op_cost(op, dims, a).held_bytes for a in g.assignments], dtype=np.int64)
+            hit = cache[op.name] = np.array([getattr(self.op_cost(op, dims, a), field) for a in g.assignments],
+                                            dtype=np.int64)
         return dims, hit
 
     def restrict(self, axes_of: dict[str, tuple[str, ...]], dims: tuple[str, ...]) -> int:
