@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import pytest
 
@@ -91,6 +92,29 @@ def test_search_is_exact_with_regions_and_remat(hw):
         assert r.cost.time_s == pytest.approx(want[0], rel=1e-9, abs=r.tolerance_s), (str(r.layout), want[1])
     with pytest.raises(SearchError, match="below the smallest peak memory"):
         search(g, mesh, hardware=hw, memory_limit=mems[0] - 1, shard_weight_update=False)
+
+
+def test_a_policy_whose_activations_cannot_fit_is_ruled_out_before_its_tables(monkeypatch):
+    """Under a limit that full remat meets and no remat cannot (every layout saves more
+    activations than that, by the exhaustive enumeration), the search proves 'none' out from
+    each tensor's share of the devices alone: no cost tables are built for it, the note says
+    why, and the result is the enumeration's best."""
+    from autolayout.search import api
+    g, mesh, hw = graph(False), "all:2", "tpu-v4"
+    priced = _priced(g, mesh, hw)
+    fits = sorted(m for _, m, lay in priced if lay.remat == "full")
+    never = min(m for _, m, lay in priced if not lay.remat)  # the smallest peak without remat
+    limit = (fits[0] + never) // 2
+    assert fits[0] <= limit < never
+    built = []
+    real = api.Tables
+    monkeypatch.setattr(api, "Tables", lambda g, *a, **k: built.append(g.name) or real(g, *a, **k))
+    r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False)
+    want = min((t, str(lay)) for t, m, lay in priced if m <= limit)
+    assert r.status == "OPTIMAL"
+    assert r.cost.time_s == pytest.approx(want[0], rel=1e-9, abs=r.tolerance_s), (str(r.layout), want[1])
+    assert any(re.match(r"remat=none: no layout fits: at least \d+ B per device .*\(proven\)", n) for n in r.notes), r.notes
+    assert built and all("remat=" in name for name in built), built
 
 
 # ------------------------------------------------------------------ execution

@@ -14,6 +14,7 @@ from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph, require_graph
 from autolayout.search.errors import Dominated, SearchError, SearchWarning
+from autolayout.search.liveness import live_points
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
@@ -203,8 +204,8 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
             results.append(_search_one(graph, mesh, hw, limit, policy, regions, shard_weight_update,
                                        _share(left, len(policies), i), num_workers, random_seed, start,
                                        upper, caches))
-        except Dominated:
-            slower.append(f"remat={policy}: no layout that fits is faster than {upper:.6g} s (proven)")
+        except Dominated as e:
+            slower.append(f"remat={policy}: {e or f'no layout that fits is faster than {upper:.6g} s'} (proven)")
         except SearchError as e:
             errors.append((f"remat={policy}", e))
     r = _best_of(results, errors, limit, start)
@@ -285,9 +286,17 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     deltas are keyed by what they depend on, so the policies' graphs share them)."""
     # the solver (and ortools with it) is imported on the first search, which keeps
     # `import autolayout` cheap; it is a lower module of this package, not a cycle
-    from autolayout.search.solver import layout_of, solve_best
+    from autolayout.search.solver import layout_of, share_floor, solve_best
 
     g = rematerialize(kernel_graph(graph, hw), policy)  # as predict prices it (fused attention, remat)
+    if upper_s is not None and math.isfinite(limit):
+        # a faster layout is only wanted if it fits: when even each tensor's share of the
+        # devices does not fit (e.g. no remat, every layer's activations saved), no cost
+        # tables or storage options are needed to know that
+        floor = share_floor(g, mesh, live_points(g))
+        if floor > limit:
+            raise Dominated(f"no layout fits: at least {floor} B per device (each tensor's share of the "
+                            f"{mesh.size} devices, at the peak), above memory_limit {int(limit)} B")
     caches = {} if caches is None else caches
     tables = Tables(g, mesh, hw, regions=regions, op_costs=caches.setdefault("op_costs", {}))
     wus, notes = wus_options(tables, caches.setdefault("wus_deltas", {})) if shard else ([], [])

@@ -43,15 +43,22 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autolayout.core import Layout
+from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.plan import SOURCES
+from autolayout.graph import Graph
 from autolayout.search.liveness import held, live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
-from autolayout.search.tables import Tables
+from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.wus import WusParam
 
 __all__ = ["Dominated", "SearchError", "Solved", "exclude", "greedy", "layout_of", "min_memory", "solve", "solve_best"]
+
+
+# memory rows added per overflowing solve besides the peak's (solve_best): measured on PaLM 540B
+# (benchmarks/large_models.py), where the time-optimal layouts overflow at many points of the
+# layer body at once
+EXTRA_ROWS = 7
 
 
 def layout_of(tables: Tables, point: Decoded) -> Layout:
@@ -462,7 +469,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 if state["upper"] is None:
                     state["upper"] = lm.units(point)
                     lm.prune(state["upper"])
-            elif not lm.add_memory_row(points[at], limit):
+            elif not _add_rows(lm, tables, wus, point, points, at, limit):
                 return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
             hint = point
             continue
@@ -478,7 +485,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 return f"the time limit came before the search found the {nth} that fits: {over}"
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
                                state["solve_s"], notes + [over])
-        if not lm.add_memory_row(points[at], limit):
+        if not _add_rows(lm, tables, wus, point, points, at, limit):
             return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
         hint = point
     nvar, ncons = lm.size()
@@ -486,26 +493,63 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                   lm.tolerance_s(), notes, mem)
 
 
+def _add_rows(lm: LayoutModel, tables: Tables, wus: list[WusParam], point: Decoded, points: list, at: int,
+              limit: int) -> bool:
+    """Add the memory row of point ``at`` (where ``point`` peaks, above ``limit``) and those of
+    up to ``EXTRA_ROWS`` other points ``point`` overflows, the largest first: every row is a
+    true constraint, and adding several per solve saves the re-solves that would find them one
+    at a time. False if the peak's row alone cannot be met (nothing fits)."""
+    ok = lm.add_memory_row(points[at], limit)
+    sizes = sizes_of(tables, wus, point)
+    have = set(lm.memory_rows)
+    over = sorted(((sum(sizes.get(n, 0) for n in names), i) for i, names in enumerate(points)
+                   if names not in have), reverse=True)
+    for total, i in over[:EXTRA_ROWS]:
+        if total <= limit:
+            break
+        lm.add_memory_row(points[i], limit)
+    return ok
+
+
 def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
     """A lower bound on the peak memory of every layout: at each liveness point, the sum over
     its tensors (and running op) of their smallest bytes under any assignment, less the most
-    any storage option of each parameter saves on them. When it exceeds the limit, nothing
-    fits — proven without a CP-SAT solve (e.g. no remat for a large model)."""
+    any storage option of each parameter saves on them, but never below the tensor's share
+    of the devices (:func:`~autolayout.search.tables.share_bytes`; 0 for transient and held
+    bytes). When it exceeds the limit, nothing fits — proven without a CP-SAT solve.
+
+    (A storage option's saving is measured from the tensor's bytes under the assignment it is
+    applied to, which may be larger than its smallest; without the share as a floor, a
+    parameter sharded from replicated could count below zero.)"""
     graph = tables.graph
     least: dict[str, int] = {}
+    floor: dict[str, int] = {}
     for t in graph.tensors():
         least[t.name] = int(tables.tensor_bytes(t).min())
+        floor[t.name] = share_bytes(t, graph, tables.mesh)
         if graph.op(t.name).kind not in SOURCES:
             least[transient(t.name)] = int(tables.transient_bytes(graph.op(t.name))[1].min())
             least[held(t.name)] = int(tables.held_bytes(graph.op(t.name))[1].min())
-    for p in wus:
+    saved: dict[str, int] = {}
+    for p in wus:  # each parameter takes one option: its largest saving on each name
         saves: dict[str, int] = {}
         for o in p.options:
             for n, b in o.dbytes.items():
                 saves[n] = min(saves.get(n, 0), b)
         for n, b in saves.items():
-            least[n] = least.get(n, 0) + b
+            saved[n] = saved.get(n, 0) + b
+    for n, b in saved.items():
+        least[n] = max(least.get(n, 0) + b, floor.get(n, 0))
     return peak_of(points, least)[0]
+
+
+def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
+    """A lower bound on the peak memory of every layout of ``graph`` on ``mesh`` that needs no
+    cost tables: each live tensor at its share of the devices (``share_bytes``), transient
+    and held bytes at 0. Cheap enough to rule out a whole search (e.g. a remat policy whose
+    saved activations alone exceed the memory of every device)."""
+    size = {t.name: share_bytes(t, graph, mesh) for t in graph.tensors()}
+    return peak_of(points, size)[0]
 
 
 def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: dict, left: float,

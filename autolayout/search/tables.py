@@ -35,7 +35,20 @@ from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
 
-__all__ = ["Group", "Tables", "split"]
+__all__ = ["Group", "Tables", "materialised", "share_bytes", "split"]
+
+
+def materialised(op: Op) -> bool:
+    """Whether ``op``'s output takes memory: not an elementwise intermediate fused into its
+    consumers (``op.hbm``'s last entry says whether the output is written to HBM)."""
+    return not op.hbm or op.hbm[-1]
+
+
+def share_bytes(t: Tensor, graph: Graph, mesh: Mesh) -> int:
+    """A lower bound on the local bytes of ``t`` under every layout and storage sharding: a
+    device holds at least ``1/N`` of a materialised tensor's elements (the shards of ``N``
+    devices cover it), 0 for a fused intermediate."""
+    return -(-t.size // mesh.size) * t.itemsize if materialised(graph.op(t.name)) else 0
 
 
 @dataclass
@@ -185,9 +198,8 @@ class Tables:
         ``local_bytes`` counts them) for each assignment of its group; 0 if it is an
         elementwise intermediate fused into its consumers."""
         dims = self.tensor_dims(t)
-        op = self.graph.op(t.name)
-        materialised = not op.hbm or op.hbm[-1]
-        key = (dims, tuple((d.name, d.size) for d in t.shape), t.itemsize, materialised)
+        stored = materialised(self.graph.op(t.name))
+        key = (dims, tuple((d.name, d.size) for d in t.shape), t.itemsize, stored)
         hit = self._tensor_bytes.get(key)
         if hit is None:
             g = self.group(dims)
@@ -195,7 +207,7 @@ class Tables:
             base = self.space.base
             hit = np.array([Placement.of(names, {base[d]: ax for d, ax in g.axes_of(i).items()})
                             .local_elements(self.graph.dims, self.fast_mesh)
-                            * t.itemsize if materialised else 0 for i in range(len(g.assignments))],
+                            * t.itemsize if stored else 0 for i in range(len(g.assignments))],
                            dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit
