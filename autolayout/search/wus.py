@@ -184,20 +184,30 @@ def _canonical(tables: Tables, key: tuple) -> tuple:
     return ("canon", static[:2] + (best[0],) + static[3:], best[1])
 
 
-def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: dict,
+@dataclass
+class _ShardCache:
+    """What the options of one parameter share across the assignments of its dims: its shards
+    by what their sets depend on (``storage_shard(cache=)``), each shard's facts, and the
+    change of each stored tensor's bytes, by shard and the axes of the tensor's dims. Keyed
+    by ``id`` of a shard, which lives as long as ``sets`` does."""
+
+    sets: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+    tensor_bytes: dict = field(default_factory=dict)
+
+
+def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _ShardCache,
              deltas: dict) -> list[tuple[WusOption, set]]:
-    """The storage options of ``pname`` when ``dims`` have assignment ``index``. ``shards``
-    (per graph) caches shards by what their sets depend on and the facts of each; ``deltas``
-    (shared by all parameters) the per-op and per-tensor changes by what those depend on."""
+    """The storage options of ``pname`` when ``dims`` have assignment ``index``. ``shards``:
+    the parameter's cache (:class:`_ShardCache`); ``deltas`` (shared by all parameters) the
+    per-op changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     base = tables.space.base
     regs = tables.regions
     reduce_ops, _ = gradient_walk(graph, pname, axes_of, regs)
-    sets = shards.setdefault("sets", {})
-    facts = shards.setdefault("facts", {})
-    tbytes = shards.setdefault("bytes", {})  # by id(shard): the shards live as long as ``shards``
+    sets, facts, tbytes = shards.sets, shards.facts, shards.tensor_bytes
     out = []
     seen: dict[tuple, tuple] = {}
     for U in candidate_axes(tables, reduced_axes(tables, pname, axes_of, reduce_ops)):
@@ -308,7 +318,7 @@ def wus_options(tables: Tables, deltas: dict | None = None) -> tuple[list[WusPar
         dims = option_dims(tables, t.name)
         group = tables.group(dims)
         cache: dict = {}
-        shards: dict = {}
+        shards = _ShardCache()
         options, ops = [], set()
         for i, a in enumerate(group.assignments):
             key = tables.orbit_key(dims, a)
