@@ -2,8 +2,10 @@
 
 For each executed layout of the zoo models (:mod:`autolayout.models`: mlp, transformer_lm,
 moe, llama; training steps and forward passes) and of the traced user models of
-``examples/`` and ``tests/test_libraries.py`` (Flax linen GPT, nnx LLaMA block, equinox
-block, a linen bf16 MLP and a top-2 MoE with optax), on 8 virtual CPU devices (mesh
+``examples/`` (Flax linen GPT, nnx LLaMA block, equinox block, a linen bf16 MLP and a top-2
+MoE with optax; traced as written, without donating their arguments, and again as a
+training loop runs them, donating their parameters and optimizer state: ``NAME-donated``),
+on 8 virtual CPU devices (mesh
 ``data:2,model:4``), runs ``execute`` (the shard_map program) and prints the cost model's
 peak (``predict(...).memory_bytes``), XLA's figure for the compiled program (argument +
 output + temp - alias bytes per device, :attr:`Execution.xla_memory_bytes`), their ratio
@@ -74,67 +76,46 @@ FORWARD_LAYOUTS = {
 def _example(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclass fields (a linen Module's) resolve their module
     spec.loader.exec_module(module)
     return module
 
 
-def linen_gpt() -> tuple[Any, Any]:
+def linen_gpt(donate: tuple[int, ...] = ()) -> tuple[Any, Any]:
     m = _example("linen_gpt")
     state = m.make_state(m.GPT())
     tokens, targets = m.batch()
-    g = trace(m.train_step, state, tokens, targets, dims={"tokens": "batch length", "targets": "batch length"})
+    g = trace(m.train_step, state, tokens, targets, dims={"tokens": "batch length", "targets": "batch length"},
+              donate_argnums=donate)
     return g, (state, tokens, targets)
 
 
-def nnx_llama() -> tuple[Any, Any]:
+def nnx_llama(donate: tuple[int, ...] = ()) -> tuple[Any, Any]:
     m = _example("nnx_llama")
     step, args = m.setup()
-    return m.trace_block(step, args), args
+    return m.trace_block(step, args, donate_argnums=donate), args
 
 
-def equinox_block() -> tuple[Any, Any]:
+def equinox_block(donate: tuple[int, ...] = ()) -> tuple[Any, Any]:
     m = _example("equinox_block")
     args = m.setup()
     g = trace(m.train_step, *args, dims=(m.param_dims(args[0]), None, "batch length embed", "batch length embed"),
-              roles=("param", "opt_state", "input", "input"), names={"d4": "heads"})
+              roles=("param", "opt_state", "input", "input"), names={"d4": "heads"}, donate_argnums=donate)
     return g, args
 
 
-def linen_bf16_mlp() -> tuple[Any, Any]:
-    """tests/test_libraries.py's mixed-precision linen MLP (float32 params, bf16 compute)."""
-    import flax.linen as nn
-    import jax.numpy as jnp
-    import optax
-    from flax.training import train_state
-
-    LP = nn.with_logical_partitioning
-
-    class MLP(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            dense = lambda n, names: nn.Dense(  # noqa: E731
-                n, dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                kernel_init=LP(nn.initializers.lecun_normal(), names), bias_init=LP(nn.initializers.zeros, names[1:]))
-            return dense(128, ("mlp", "embed"))(nn.relu(dense(256, ("embed", "mlp"))(x)))
-
-    model = MLP()
-    x, y = jax.random.normal(jax.random.key(3), (64, 128)), jax.random.normal(jax.random.key(4), (64, 128))
-    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), x)["params"],
-                                          tx=optax.adamw(1e-3))
-
-    def step(state, x, y):
-        loss, grads = jax.value_and_grad(
-            lambda p: jnp.mean((state.apply_fn({"params": p}, x).astype(jnp.float32) - y) ** 2))(state.params)
-        return state.apply_gradients(grads=grads), loss
-
-    return trace(step, state, x, y, dims={"x": "batch embed", "y": "batch embed"}), (state, x, y)
+def linen_bf16_mlp(donate: tuple[int, ...] = ()) -> tuple[Any, Any]:
+    """examples/linen_bf16_mlp.py (float32 params, bf16 compute; tests/test_libraries.py's, larger)."""
+    m = _example("linen_bf16_mlp")
+    step, args = m.setup(embed=128, mlp=256, batch=64)
+    return m.trace_mlp(step, args, donate_argnums=donate), args
 
 
-def top2_moe() -> tuple[Any, Any]:
+def top2_moe(donate: tuple[int, ...] = ()) -> tuple[Any, Any]:
     """examples/top2_moe.py (``lax.top_k`` routing, dense combine, optax adamw)."""
     m = _example("top2_moe")
     step, args = m.setup(experts=4, embed=32, mlp=64, batch=32)
-    return m.trace_moe(step, args), args
+    return m.trace_moe(step, args, donate_argnums=donate), args
 
 
 USER: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
@@ -148,6 +129,15 @@ USER: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
 }
 
 
+# the step's arguments a training loop donates (its parameters and optimizer state), per user model
+DONATE = {"linen_gpt": (0,), "nnx_llama": (0, 1), "equinox_block": (0, 1), "linen_bf16_mlp": (0,),
+          "top2_moe": (0, 1)}
+
+
+def _donated(name: str) -> Callable[[], tuple[Any, Any]]:
+    return lambda: USER[name][0](DONATE[name])
+
+
 def _zoo(model: str, train: bool) -> Callable[[], tuple[Any, Any]]:
     def build() -> tuple[Any, Any]:
         g = models.MODELS[model](**ZOO_SIZES[model], train=train)
@@ -159,6 +149,9 @@ CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
     **{f"{m}-train": (_zoo(m, True), lays) for m, lays in ZOO_LAYOUTS.items()},
     **{f"{m}-forward": (_zoo(m, False), lays) for m, lays in FORWARD_LAYOUTS.items()},
     **USER,
+    # the same steps traced as a training loop runs them, donating their state (XLA then writes the
+    # updated state over the arguments' buffers: ``alias``)
+    **{f"{m}-donated": (_donated(m), lays) for m, (_, lays) in USER.items()},
 }
 
 

@@ -94,8 +94,11 @@ def setup():
     return train_step, (params, opt_state, x, y)
 
 
-def trace_block(train_step, args):
-    graph = autolayout.trace(train_step, *args, dims={"x": "batch length embed", "y": "batch length embed"})
+def trace_block(train_step, args, donate_argnums=()):
+    """The traced graph (``donate_argnums`` as for ``jax.jit``: ``(0, 1)`` donates the parameters and the
+    optimizer state, as a training loop does)."""
+    graph = autolayout.trace(train_step, *args, dims={"x": "batch length embed", "y": "batch length embed"},
+                             donate_argnums=donate_argnums)
     # the attention's key length and the repeated (GQA) heads are made inside the model: name them
     auto = {d: n for d, n in (("length_1", "kv_length"),) if d in graph.dims}
     return graph.rename(auto) if auto else graph

@@ -46,9 +46,10 @@ def setup(experts: int = 4, embed: int = 16, mlp: int = 32, batch: int = 16):
     return train_step, args
 
 
-def trace_moe(train_step, args):
-    """The traced graph, with the top-2 dim named ``top``."""
-    return autolayout.trace(train_step, *args, dims=DIMS, roles=ROLES, names={"d2": "top"})
+def trace_moe(train_step, args, donate_argnums=()):
+    """The traced graph, with the top-2 dim named ``top`` (``donate_argnums`` as for ``jax.jit``)."""
+    return autolayout.trace(train_step, *args, dims=DIMS, roles=ROLES, names={"d2": "top"},
+                            donate_argnums=donate_argnums)
 
 
 def main() -> None:

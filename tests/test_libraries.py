@@ -121,31 +121,9 @@ def test_equinox_block_executes_like_jax_jit(equinox_block):
 def test_linen_bf16_mixed_precision_executes_like_jax_jit():
     """``nn.Dense(dtype=bfloat16, param_dtype=float32)``: float32 master weights, bf16
     compute. Compared with jax.jit at bf16's resolution (8-bit mantissa: 2^-8 relative)."""
-    import flax.linen as nn
-    import optax
-    from flax.training import train_state
-
-    LP = nn.with_logical_partitioning
-
-    class MLP(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            dense = lambda n, names: nn.Dense(  # noqa: E731
-                n, dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                kernel_init=LP(nn.initializers.lecun_normal(), names), bias_init=LP(nn.initializers.zeros, names[1:]))
-            return dense(32, ("mlp", "embed"))(nn.relu(dense(64, ("embed", "mlp"))(x)))
-
-    model = MLP()
-    x, y = jax.random.normal(jax.random.key(3), (16, 32)), jax.random.normal(jax.random.key(4), (16, 32))
-    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), x)["params"],
-                                          tx=optax.adamw(1e-3))
-
-    def step(state, x, y):
-        loss, grads = jax.value_and_grad(
-            lambda p: jnp.mean((state.apply_fn({"params": p}, x).astype(jnp.float32) - y) ** 2))(state.params)
-        return state.apply_gradients(grads=grads), loss
-
-    g = trace(step, state, x, y, dims={"x": "batch embed", "y": "batch embed"})
+    m = example("linen_bf16_mlp")
+    step, (state, x, y) = m.setup(embed=32, mlp=64, batch=16)
+    g = m.trace_mlp(step, (state, x, y))
     assert {t.dtype for t in g.params()} == {"float32"}
     assert any(t.dtype == "bfloat16" for t in g.tensors())
     ex = execute(g, MESH, "batch:data;mlp:model|*:data@3", args=(state, x, y), repeats=1, compiler_options=FAST)

@@ -18,15 +18,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from autolayout import models, predict
-from autolayout.core import Layout, Mesh
+from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware, get_hardware, known_hardware
 from autolayout.costmodel.memory import combined_reductions
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_held, live_points, peak_of
-from autolayout.search.model import Decoded
 from autolayout.search.solver import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
+from storage_variants import storage_variants
 
 F32 = 4
 IO, HIDDEN, BATCH = 128, 256, 64  # the mlp below: w [io, hidden], v [hidden, io], bias [hidden]
@@ -144,24 +144,11 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
     layouts = list(enumerate_layouts(g, mesh))
     checked = changed = 0
     for lay in layouts[:: max(1, len(layouts) // 10)]:
-        axes_of = dict(lay.rules)
-        c = predict(g, mesh, lay, hardware=CPU)
-        sizes = sizes_of(tables, wus, Decoded(axes_of, {}, []))
-        changed += any(sizes[n] for n in sizes if is_held(n))
-        assert peak_of(points, sizes)[0] == c.memory_bytes, str(lay)
-        for stage in (1, 2, 3):
-            active, upd = [], {}
-            for k, p in enumerate(wus):
-                i = tables.restrict(axes_of, p.dims)
-                for j, o in enumerate(p.options):
-                    if o.index == i and o.stage == stage and p.param not in upd:
-                        active.append((k, j))
-                        upd[p.param] = (o.axes, o.stage)
-            if upd:
-                lw = Layout(lay.rules, [(p, *e) for p, e in sorted(upd.items())])
-                want = predict(g, mesh, lw, hardware=CPU).memory_bytes
-                assert peak_of(points, sizes_of(tables, wus, Decoded(axes_of, upd, active)))[0] == want, str(lw)
-                checked += 1
+        for lw, point in storage_variants(tables, wus, lay):
+            sizes = sizes_of(tables, wus, point)
+            changed += any(sizes[n] for n in sizes if is_held(n))
+            assert peak_of(points, sizes)[0] == predict(g, mesh, lw, hardware=CPU).memory_bytes, str(lw)
+            checked += bool(point.wus)
     assert checked and changed  # held bytes are in play on some of the layouts compared
 
 

@@ -22,10 +22,10 @@ from autolayout.costmodel.overlap import domain_of, overlappable, step_time
 from autolayout.costmodel.rules import check_op, op_cost
 from autolayout.search import SearchError, SearchResult, enumerate_layouts, layout, mesh_shapes, search
 from autolayout.search.liveness import live_points, peak_of
-from autolayout.search.model import Decoded
 from autolayout.search.solver import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
+from storage_variants import storage_variants
 
 INF = math.inf
 # Mesh-TensorFlow's global rules (no region rules, the scans as traced): the space
@@ -202,22 +202,9 @@ def test_live_sets_reproduce_predict_memory(name, mesh):
     points = live_points(g)
     layouts = list(enumerate_layouts(g, mesh))
     for lay in layouts[:: max(1, len(layouts) // 12)]:
-        axes_of = dict(lay.rules)
-        plain = Decoded(axes_of, {}, [])
-        assert peak_of(points, sizes_of(tables, wus, plain))[0] == predict(g, mesh, lay).memory_bytes
-        # and with every parameter's storage sharded that can be, at each ZeRO stage
-        for stage in (1, 2, 3):
-            active, upd = [], {}
-            for k, p in enumerate(wus):
-                i = tables.restrict(axes_of, p.dims)
-                for j, o in enumerate(p.options):
-                    if o.index == i and o.stage == stage and p.param not in upd:
-                        active.append((k, j))
-                        upd[p.param] = (o.axes, o.stage)
-            if upd:
-                point = Decoded(axes_of, upd, active)
-                lw = Layout(lay.rules, [(p, *e) for p, e in sorted(upd.items())])
-                assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes
+        # the layout, then with every parameter's storage sharded that can be, at each ZeRO stage
+        for lw, point in storage_variants(tables, wus, lay):
+            assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes, str(lw)
 
 
 def test_budget_below_any_layout_raises_with_the_smallest_memory():

@@ -9,16 +9,19 @@ holds the two side by side):
 * arguments (inputs, parameters, optimizer state) are live for the whole step: the
   caller owns their buffers;
 * outputs from their producer to the end. XLA allocates the result buffers for the
-  whole call but puts earlier temporaries into them that are no larger and not live at
-  the same time; counting an output only once it is written assumes that reuse is
-  complete, which holds where activations are no larger than the outputs (data-parallel
-  layouts);
-  steps that do not donate their updated parameters and optimizer state and hold larger
-  activations are under-predicted by up to 30% because of it (counting outputs for the
-  whole call instead: 39 against 45 of ``benchmarks/memory_vs_xla.py``'s 58 layouts
-  within 10%, the data-parallel layouts of those steps 30% over). An output that reuses
-  a donated argument's buffer (``graph.donated``, as ``jax.jit(donate_argnums=...)``)
-  takes no bytes of its own: XLA counts that buffer once (``alias``);
+  whole call and puts earlier temporaries into them (its buffer assignment takes buffers
+  largest first and puts each temporary into the smallest output allocation at least its
+  size holding nothing live at the same time; the rest share the temp heap; XLA's
+  buffer-assignment dumps, ``--xla_dump_to``); counting an output only once it is written
+  assumes that reuse is complete, which holds where activations are no larger than the
+  outputs (data-parallel layouts). Steps that do not donate their updated parameters and
+  optimizer state and hold larger activations are under-predicted by up to 30% because of
+  it. The greedy itself is not used: run on this model's tensors (not XLA's fused buffers)
+  it gives 40 against 45 of ``benchmarks/memory_vs_xla.py``'s 58 non-donated layouts within
+  10% (counting outputs for the whole call: 39), and which temporaries fit depends on the
+  layout, which the search's fixed linear memory rows (``search/liveness.py``) cannot hold.
+  An output that reuses a donated argument's buffer (``graph.donated``, as
+  ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
