@@ -112,6 +112,13 @@ class Op:
     # HBM and whether the output is written there. Set by Graph from the consumers.
     hbm: tuple[bool, ...] = ()
 
+    @property
+    def materialised(self) -> bool:
+        """Whether the output takes memory: not an elementwise intermediate fused into its
+        consumers (``hbm``'s last entry says whether the output is written to HBM; no entries:
+        every operand and the output are in memory)."""
+        return not self.hbm or self.hbm[-1]
+
     @functools.cached_property
     def dims(self) -> tuple[Dim, ...]:
         """Union of input and output dims, in first-seen order."""

@@ -139,7 +139,7 @@ def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
             acc: list[str] = []
             for c in graph.consumers(name):
                 op = graph.op(c)
-                if op.hbm and not op.hbm[-1]:
+                if not op.materialised:
                     acc.extend(of(c))
                 else:
                     acc.append(c)
@@ -157,7 +157,7 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
     dims and dtype, not an argument or output (XLA never overwrites those unless donated).
     Whether that read is the operand's last is the caller's check."""
     op = graph.op(name)
-    if op.kind != "elementwise" or (op.hbm and not op.hbm[-1]):
+    if op.kind != "elementwise" or not op.materialised:
         return None
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     seen: set[str] = set()
@@ -168,7 +168,7 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
             continue
         seen.add(n)
         src = graph.op(n)
-        if src.hbm and not src.hbm[-1] and src.kind == "elementwise":
+        if not src.materialised and src.kind == "elementwise":
             stack.extend(src.inputs)  # fused into this op: read its operands
             continue
         t = src.output

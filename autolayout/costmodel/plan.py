@@ -366,7 +366,7 @@ class Planner:
         if op.kind == "reshape" and not moved:
             return flops, 0
         hbm = op.hbm or (True,) * (len(op.inputs) + 1)
-        nbytes = computed.local_elements(sizes, mesh) * op.output.itemsize if hbm[-1] else 0
+        nbytes = computed.local_elements(sizes, mesh) * op.output.itemsize if op.materialised else 0
         dtypes = op.input_dtypes or (op.output.dtype,) * len(op.inputs)
         for name, dtype, read in zip(op.inputs, dtypes, hbm):
             if read:
@@ -476,5 +476,5 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
     planner = Planner(graph, mesh, axes_of, shards, regs)
     ops = {op.name: planner.op_plan(op) for op in graph.ops()}
     placements = {name: planner.stored(name) for name in graph.order}
-    local = {op.name: (planner.local_bytes(op.name) if not op.hbm or op.hbm[-1] else 0) for op in graph.ops()}
+    local = {op.name: (planner.local_bytes(op.name) if op.materialised else 0) for op in graph.ops()}
     return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes))

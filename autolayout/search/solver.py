@@ -462,14 +462,15 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 raise RuntimeError(f"internal: CP-SAT rejects the tie-break model: {m2.Validate()[:300]}")
             if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
-        mem, at = peak(point)
+        sizes = sizes_of(tables, wus, point) if points else {}
+        mem, at = peak_of(points, sizes) if points else (0, 0)
         if status == "FEASIBLE" and not state["fit_known"] and in_time:  # a probe's incumbent
             if mem <= limit:  # it fits: its objective bounds every optimum
                 state["fit_known"] = True
                 if state["upper"] is None:
                     state["upper"] = lm.units(point)
                     lm.prune(state["upper"])
-            elif not _add_rows(lm, tables, wus, point, points, at, limit):
+            elif not _add_rows(lm, sizes, points, at, limit):
                 return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
             hint = point
             continue
@@ -485,7 +486,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 return f"the time limit came before the search found the {nth} that fits: {over}"
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
                                state["solve_s"], notes + [over])
-        if not _add_rows(lm, tables, wus, point, points, at, limit):
+        if not _add_rows(lm, sizes, points, at, limit):
             return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
         hint = point
     nvar, ncons = lm.size()
@@ -493,14 +494,13 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                   lm.tolerance_s(), notes, mem)
 
 
-def _add_rows(lm: LayoutModel, tables: Tables, wus: list[WusParam], point: Decoded, points: list, at: int,
-              limit: int) -> bool:
-    """Add the memory row of point ``at`` (where ``point`` peaks, above ``limit``) and those of
-    up to ``EXTRA_ROWS`` other points ``point`` overflows, the largest first: every row is a
-    true constraint, and adding several per solve saves the re-solves that would find them one
-    at a time. False if the peak's row alone cannot be met (nothing fits)."""
+def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, limit: int) -> bool:
+    """Add the memory row of point ``at`` (where the layout whose tensor bytes are ``sizes``
+    peaks, above ``limit``) and those of up to ``EXTRA_ROWS`` other points the layout
+    overflows, the largest first: every row is a true constraint, and adding several per solve
+    saves the re-solves that would find them one at a time. False if the peak's row alone
+    cannot be met (nothing fits)."""
     ok = lm.add_memory_row(points[at], limit)
-    sizes = sizes_of(tables, wus, point)
     have = set(lm.memory_rows)
     over = sorted(((sum(sizes.get(n, 0) for n in names), i) for i, names in enumerate(points)
                    if names not in have), reverse=True)

@@ -35,20 +35,14 @@ from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
 
-__all__ = ["Group", "Tables", "materialised", "share_bytes", "split"]
-
-
-def materialised(op: Op) -> bool:
-    """Whether ``op``'s output takes memory: not an elementwise intermediate fused into its
-    consumers (``op.hbm``'s last entry says whether the output is written to HBM)."""
-    return not op.hbm or op.hbm[-1]
+__all__ = ["Group", "Tables", "share_bytes", "split"]
 
 
 def share_bytes(t: Tensor, graph: Graph, mesh: Mesh) -> int:
     """A lower bound on the local bytes of ``t`` under every layout and storage sharding: a
     device holds at least ``1/N`` of a materialised tensor's elements (the shards of ``N``
     devices cover it), 0 for a fused intermediate."""
-    return -(-t.size // mesh.size) * t.itemsize if materialised(graph.op(t.name)) else 0
+    return -(-t.size // mesh.size) * t.itemsize if graph.op(t.name).materialised else 0
 
 
 @dataclass
@@ -198,7 +192,7 @@ class Tables:
         ``local_bytes`` counts them) for each assignment of its group; 0 if it is an
         elementwise intermediate fused into its consumers."""
         dims = self.tensor_dims(t)
-        stored = materialised(self.graph.op(t.name))
+        stored = self.graph.op(t.name).materialised
         key = (dims, tuple((d.name, d.size) for d in t.shape), t.itemsize, stored)
         hit = self._tensor_bytes.get(key)
         if hit is None:

@@ -43,7 +43,7 @@ from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, 
 from autolayout.graph import Graph
 from autolayout.search.liveness import held as held_name, transient
 from autolayout.costmodel.overlap import domain_of
-from autolayout.search.tables import Tables, materialised, mesh_order, split
+from autolayout.search.tables import Tables, mesh_order, split
 
 __all__ = ["WusOption", "WusParam", "wus_options", "option_dims", "touched"]
 
@@ -154,7 +154,7 @@ def _facts(tables: Tables, sh: StorageShard, dims: tuple[str, ...], pname: str) 
     tensors = []
     for n in sorted(sh.stored, key=tables.rank.__getitem__):
         op = graph.op(n)
-        if not materialised(op):
+        if not op.materialised:
             continue  # fused: takes no memory either way
         tensors.append((n, tables.tensor_dims(graph.tensor(n))))
     return _ShardFacts(rows, tensors, ops)
