@@ -321,9 +321,13 @@ def test_mfu_uses_model_flops():
 
 @pytest.mark.parametrize("hw", ["tpu-v3", "cpu"])
 def test_overlap_rule_by_hand(hw):
-    # data-parallel MLP (no scan: one overlap domain). The weight gradients' all-reduces
-    # (d_io x d_hidden twice, and the bias d_hidden) run behind compute; the loss's
-    # all-reduce is exposed. Hand: T = C + E + max(0, O - C) with O from the ring formula.
+    # data-parallel MLP layer (the paper's: dy is an input; no scan: one overlap domain).
+    # The weight gradients' all-reduces (d_io x d_hidden twice, and the bias d_hidden) run
+    # behind any compute (pooled, O); the scalar output sum(y * dy) is all-reduced beside
+    # independent work only (I): no backward matmul reads it. Here the backward reads dy,
+    # not y, so all six matmuls are independent of some tensor: W = their compute. Hand:
+    # T = C + E + max(0, O + I - C, I - W) (compute hides at most C in all, the
+    # independent work at most W of I), ring formula.
     b, io, h = 64, 32, 128
     g = models.mlp(b, io, h)
     c = predict(g, "all:8", "batch:all", hardware=hw)
@@ -332,12 +336,52 @@ def test_overlap_rule_by_hand(hw):
         assert c.overlapped_comm_s == 0 and c.time_s == pytest.approx(c.compute_s + c.comm_s, rel=1e-12)
         return
     ar = lambda nbytes: 2 * 7 / 8 * nbytes / link.bandwidth + 2 * 7 * link.latency  # noqa: E731
-    o = 2 * ar(io * h * 4) + ar(h * 4)
-    assert c.overlapped_comm_s == pytest.approx(o, rel=1e-9)
-    e = c.comm_s - o
-    assert c.time_s == pytest.approx(c.compute_s + e + max(0.0, o - c.compute_s), rel=1e-9)
+    o, i = 2 * ar(io * h * 4) + ar(h * 4), ar(4)
+    assert c.overlapped_comm_s == pytest.approx(o + i, rel=1e-9)
+    e = c.comm_s - o - i
+    dots = c.per_op[c.per_op.fn == "dot"]
+    assert len(dots) == 6
+    w = float((dots.compute_s * dots["count"]).sum())
+    assert c.time_s == pytest.approx(c.compute_s + e + max(0.0, o + i - c.compute_s, i - w), rel=1e-9)
     hidden = {x.tensor for x in c.collectives if x.overlapped}
-    assert all(g.tensor(t).dim_names and "batch" not in g.tensor(t).dim_names for t in hidden)
+    assert all("batch" not in g.tensor(t).dim_names for t in hidden)
+
+
+def _two_megatron_mlps(params, x):
+    # two Megatron MLP blocks (column- then row-parallel matmul), a mean-square loss
+    for w1, w2 in params:
+        x = jax.nn.relu(x @ w1) @ w2
+    return jnp.mean(x ** 2)
+
+
+def test_overlap_hides_a_backward_input_gradient_all_reduce_behind_its_weight_gradient():
+    # Megatron-LM's tensor parallelism with d_ff split 8 ways (Shoeybi et al. 2019 §3): each
+    # block's forward output is a partial sum, all-reduced on the critical path (the next
+    # block or the loss reads it); in the backward pass the second block's input gradient
+    # dX = dH·W1ᵀ is all-reduced while dW1 = Xᵀ·dH runs (Megatron's asynchronous all-reduce),
+    # and the first block's input gradient is never computed (x is an input). Hand count:
+    # 2 exposed and 1 overlapped all-reduce of [batch, d_model] float32 over 8 devices; the
+    # weight gradients are local (each device holds its d_ff slice). The overlapped one hides
+    # behind independent matmuls only: three of the four weight gradients (block 2's dW1 and
+    # dW2, block 1's dW2; block 1's dW1 reads the reduced dX), each as big as any other dot.
+    b, d, f = 64, 32, 256
+    S = jax.ShapeDtypeStruct
+    params = [(S((d, f), jnp.float32), S((f, d), jnp.float32))] * 2
+    step = lambda params, x: jax.value_and_grad(_two_megatron_mlps)(params, x)  # noqa: E731
+    g = trace(step, params, S((b, d), jnp.float32), dims=([("d_model d_ff", "d_ff d_model")] * 2, "batch d_model"),
+              roles=("param", "input"))
+    hw = get_hardware("tpu-v4")
+    c = predict(g, "all:8", "d_ff:all", hardware=hw)
+    link = hw.link
+    ar = 2 * 7 / 8 * (b * d * 4) / link.bandwidth + 2 * 7 * link.latency
+    kinds = sorted((x.kind, x.bytes, x.overlapped, x.count) for x in c.collectives)
+    assert kinds == [("all-reduce", b * d * 4, False, 1)] * 2 + [("all-reduce", b * d * 4, True, 1)], kinds
+    assert c.overlapped_comm_s == pytest.approx(ar, rel=1e-9)
+    assert c.comm_s == pytest.approx(3 * ar, rel=1e-9)
+    dots = c.per_op[c.per_op.fn == "dot"]
+    assert len(dots) == 11 and dots.compute_s.nunique() == 1  # 4 forward, 4 dW, 3 dX or dH
+    w = 3 * float(dots.compute_s.iloc[0])
+    assert c.time_s == pytest.approx(c.compute_s + 2 * ar + max(0.0, ar - w), rel=1e-9)
 
 
 @pytest.mark.parametrize("fn, kw", [

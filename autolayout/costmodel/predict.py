@@ -10,7 +10,7 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from autolayout.costmodel.memory import peak_memory
-from autolayout.costmodel.overlap import domain_of, forward_ops, overlappable, step_time
+from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
 from autolayout.graph import Graph, require_graph
@@ -22,10 +22,10 @@ __all__ = ["Cost", "predict", "price_plan", "resolve_layout", "layouts_table", "
 class Cost:
     """Per-device predicted cost of one call of the graph (one training step).
 
-    ``time_s = Σ_d C_d + E_d + max(0, O_d - C_d)`` over the overlap domains ``d`` (each
-    scan body and the top level; :mod:`~autolayout.costmodel.overlap`): ``compute_s``
-    is ``Σ C_d``, ``comm_s`` every collective's time, ``overlapped_comm_s`` the part of
-    it that may run behind compute (``O``), and ``exposed_comm_s = time_s - compute_s``
+    ``time_s = Σ_d C_d + E_d + max(0, O_d - C_d) + max(0, I_d - W_d)`` over the overlap
+    domains ``d`` (each scan body and the top level; :mod:`~autolayout.costmodel.overlap`):
+    ``compute_s`` is ``Σ C_d``, ``comm_s`` every collective's time, ``overlapped_comm_s``
+    the part of it that may run behind compute (``O`` and ``I``), and ``exposed_comm_s = time_s - compute_s``
     what the step waits for. ``collectives`` lists each distinct collective with its
     ``count`` per step; ``comm_bytes`` sums operand bytes × count.
 
@@ -119,7 +119,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
     compute = comm = flops = comm_bytes = mm_flops = 0.0
-    by_domain: dict[str, list[float]] = {}  # domain -> [compute, exposed, overlapped]
+    linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
+    terms: dict[str, float] = {}  # overlap.split's terms, summed per key
     for op in graph.ops():
         oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
@@ -127,10 +128,11 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             temps[op.name] = oc.transient_bytes
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
-        dom = by_domain.setdefault(domain_of(op), [0.0, 0.0, 0.0])
-        dom[0] += oc.compute_s * n
-        dom[1] += (oc.comm_s - oc.overlapped_s) * n
-        dom[2] += oc.overlapped_s * n
+        lin, parts = split(oc, op, overlap)
+        linear += lin * n
+        for key, v in parts.items():
+            terms[key] = terms.get(key, 0.0) + v * n
+        overlapped += oc.overlapped_s * n
         compute += oc.compute_s * n
         comm += oc.comm_s * n
         flops += oc.flops * n
@@ -148,12 +150,12 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     mem_total, breakdown = peak_memory(graph, p.local_bytes, temps, held)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
-    time_s = step_time(*({d: v[i] for d, v in by_domain.items()} for i in range(3)))
+    time_s = step_time(linear, terms)
     model, dtype = model_flops(graph)
     return Cost(time_s=time_s, compute_s=compute, comm_s=comm, flops=flops, comm_bytes=comm_bytes,
                 memory_bytes=mem_total, memory=breakdown, collectives=tuple(colls),
                 fits=mem_total <= hw.hbm_bytes, per_op=per_op, mesh=mesh, layout=p.layout, hardware=hw,
-                model_flops=model, hardware_flops=mm_flops, overlapped_comm_s=sum(v[2] for v in by_domain.values()),
+                model_flops=model, hardware_flops=mm_flops, overlapped_comm_s=overlapped,
                 matmul_dtype=dtype)
 
 

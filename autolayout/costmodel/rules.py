@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Collection, Mapping
+from typing import Mapping
 
 from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import held_bytes, transient_bytes
+from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
 from autolayout.costmodel.regions import Regions
@@ -81,6 +82,7 @@ class OpCost:
     collectives: tuple[Collective, ...]
     comm_s: float
     overlapped_s: float = 0.0
+    beside_s: float = 0.0  # the part of overlapped_s that hides only beside independent work
     transient_bytes: int = 0  # held only while the op runs (:func:`~autolayout.costmodel.memory.transient_bytes`)
     held_bytes: int = 0  # held until the combined gradient reduction (:func:`~autolayout.costmodel.memory.held_bytes`)
 
@@ -90,7 +92,7 @@ class OpCost:
 
 
 def collective(step: Step, op: str, count: int, mesh: Mesh, hw: Hardware,
-               overlap: Collection[str] = ()) -> Collective:
+               overlap: Overlap = NO_OVERLAP) -> Collective:
     """A plan step priced: ``collective_time`` over the links of its mesh axes; it may
     overlap compute when its tensor is in ``overlap`` (:func:`~.overlap.overlappable`)."""
     groups = [(mesh.axis_size(a), hw.link_for(a)) for a in step.axes]
@@ -133,9 +135,9 @@ def phases(step: Step, mesh: Mesh, hw: Hardware, itemsize: int) -> tuple[Step, .
             Step(ALL_GATHER, step.tensor, fast, n_fast, shard))
 
 
-def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection[str] = ()) -> OpCost:
-    """Per-device cost of one execution of the op planned as ``p``; ``overlap`` holds the
-    tensors whose collectives may overlap compute (:func:`~.overlap.overlappable`)."""
+def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = NO_OVERLAP) -> OpCost:
+    """Per-device cost of one execution of the op planned as ``p``; ``overlap`` says which
+    tensors' collectives may overlap compute (:func:`~.overlap.overlappable`)."""
     itemsize = graph_op.output.itemsize
     colls = tuple(collective(ph, p.op, p.count, mesh, hw, overlap)
                   for s in p.steps for ph in phases(s, mesh, hw, itemsize))
@@ -149,8 +151,9 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Collection
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
-                  sum(c.time_s for c in colls if c.overlapped), transient_bytes(p, graph_op, mesh, hw),
-                  held_bytes(p, graph_op, mesh, hw))
+                  sum(c.time_s for c in colls if c.overlapped),
+                  sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
+                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw))
 
 
 def _sizes(op: Op) -> dict[str, int]:
@@ -158,7 +161,7 @@ def _sizes(op: Op) -> dict[str, int]:
 
 
 def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions | None = None,
-            overlap: Collection[str] = ()) -> OpCost:
+            overlap: Overlap = NO_OVERLAP) -> OpCost:
     """Per-device cost of one execution of ``op`` when each dim ``d`` is split over
     ``axes_of[d]`` (missing = unsplit; ``d@norm`` where the norm region of ``regions`` has
     it) and every tensor is stored as those rules say. Only the op's own dims are read, so

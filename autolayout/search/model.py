@@ -24,7 +24,8 @@ the largest possible objective to at most ``RESOLUTION`` (10^12) units, so each
 coefficient is rounded by at most ``unit / 2`` and the objective in seconds,
 ``Σ_H min_a T[H, a] + unit · objective``, matches ``predict`` to within
 ``(number of terms) · unit / 2`` (``SearchResult.tolerance_s``). Overlap (overlap.py):
-one integer slack per overlap domain, ``s_d >= Σ (overlappable − compute)`` over the
+one integer slack per overlap domain, ``s_d >= Σ (overlappable − compute)`` (and, for the
+collectives beside independent work, ``s_d >= Σ (beside − work compute)``) over the
 one-hots and storage options, ``s_d >= 0``, added to the objective.
 
 Memory rows fold each tensor's bytes into an existing one-hot containing its dims
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
+from autolayout.costmodel.overlap import domain_of_row, step_time
 from autolayout.search.liveness import is_held, is_transient, op_of
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
@@ -239,7 +241,8 @@ class LayoutModel:
                 if c:
                     terms.append((c, wk[j]))
                     self.terms += 1
-        # overlap (overlap.py): s_d >= Σ (overlappable - compute) of domain d, s_d >= 0
+        # overlap (overlap.py): per row d of a domain, s >= Σ (its terms), s >= 0
+        rows: dict[str, list] = {}
         for d in domains:
             row_vars, row_coefs = [], []
             const = int(round(over_const[d] / self.unit))
@@ -270,9 +273,11 @@ class LayoutModel:
                         self.terms += 1
             self.over_const[d] = const
             ub = max(1, int(math.ceil(over_ub[d] / self.unit)) + self.terms)
-            s_d = self.model.NewIntVar(0, ub, f"overlap[{d or 'top'}]")
-            self.model.Add(s_d >= cp_model.LinearExpr.WeightedSum(row_vars, row_coefs) + const)
-            self.slack[d] = s_d
+            rows.setdefault(domain_of_row(d), []).append((row_vars, row_coefs, const, ub))
+        for dom, its in rows.items():  # one slack per domain, at least each of its rows
+            s_d = self.slack[dom] = self.model.NewIntVar(0, max(r[3] for r in its), f"overlap[{dom or 'top'}]")
+            for row_vars, row_coefs, const, _ in its:
+                self.model.Add(s_d >= cp_model.LinearExpr.WeightedSum(row_vars, row_coefs) + const)
             terms.append((1, s_d))
         self.obj_vars = [v for _, v in terms]
         self.obj_coefs = [c for c, _ in terms]
@@ -284,12 +289,13 @@ class LayoutModel:
         restrict = self.tables.restrict
         total = sum(int(c[restrict(point.axes_of, dims)]) for dims, c in self.coef.items())
         total += sum(self.wcoef[k, j] for k, j in point.active)
-        for d in self.slack:
+        worst: dict[str, int] = {}
+        for d in self.over_const:
             row = self.over_const[d] + sum(int(c[restrict(point.axes_of, dims)])
                                            for (dd, dims), c in self.over_coef.items() if dd == d)
             row += sum(self.over_wcoef.get((d, k, j), 0) for k, j in point.active)
-            total += max(0, row)
-        return total
+            worst[domain_of_row(d)] = max(worst.get(domain_of_row(d), 0), row)
+        return total + sum(worst.values())
 
     def lower_units(self) -> int:
         """A lower bound of the objective: every one-hot block at its minimum."""
@@ -493,7 +499,7 @@ def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:
         total += o.dtime
         for d, v in o.dover.items():
             over[d] = over.get(d, 0.0) + v
-    return total + sum(max(0.0, v) for v in over.values())
+    return step_time(total, over)
 
 
 def canonical_columns(tables: Tables, axes_of: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:

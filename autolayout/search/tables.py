@@ -29,13 +29,13 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.overlap import domain_of, overlappable
+from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
 
-__all__ = ["Group", "Tables", "share_bytes", "split"]
+__all__ = ["Group", "Tables", "share_bytes"]
 
 
 def share_bytes(t: Tensor, graph: Graph, mesh: Mesh) -> int:
@@ -121,15 +121,15 @@ class Tables:
                 g.time = np.zeros(len(keys))
                 for op, k in g.classes:
                     sig = self._signature(op)
-                    over = g.over.setdefault(domain_of(op), np.zeros(len(keys)))
-                    seen: dict[tuple, tuple[float, float]] = {}
+                    seen: dict[tuple, tuple[float, dict[str, float]]] = {}
                     for i, (key, a) in enumerate(zip(keys, g.assignments)):
                         t = seen.get(key)
                         if t is None:
                             oc = self._cost(op, sig, key, g.dims, a)
-                            t = seen[key] = split(oc)
+                            t = seen[key] = split(oc, op, self.overlap)
                         g.time[i] += k * t[0]
-                        over[i] += k * t[1]
+                        for dom, v in t[1].items():
+                            g.over.setdefault(dom, np.zeros(len(keys)))[i] += k * v
 
     # -- groups -----------------------------------------------------------------------
     def group(self, dims: tuple[str, ...]) -> Group:
@@ -146,9 +146,10 @@ class Tables:
         return tuple(tuple(sorted(tuple(i for i, ax in enumerate(a) if m in ax) for m in sym))
                      for sym in self.symmetric)
 
-    def _overlaps(self, op: Op) -> tuple[bool, ...]:
-        """Which of the op's output and inputs may have their collectives overlapped."""
-        return tuple(t in self.overlap for t in (op.name, *op.inputs))
+    def _overlaps(self, op: Op) -> tuple:
+        """How the op's collectives may overlap and whether it is independent work
+        (:meth:`~autolayout.costmodel.overlap.Overlap.flags`)."""
+        return self.overlap.flags(op)
 
     def cost_signature(self, op: Op) -> tuple:
         """What an op's priced plan depends on besides its dims' axes: equal for ops that cost
@@ -234,12 +235,6 @@ class Tables:
         without an entry has its base dim's axes, as a layout without its region rule)."""
         base = self.space.base
         return self.group(dims).index[tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in dims)]
-
-
-def split(oc: OpCost) -> tuple[float, float]:
-    """``(compute + exposed comm, overlappable comm - compute)`` of one op execution: the
-    two linear parts of :func:`~autolayout.costmodel.overlap.step_time`."""
-    return oc.compute_s + oc.comm_s - oc.overlapped_s, oc.overlapped_s - oc.compute_s
 
 
 def mesh_order(mesh: Mesh, axes) -> tuple[str, ...]:

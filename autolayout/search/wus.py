@@ -14,7 +14,7 @@ of ``D_p`` the plan itself (:func:`~autolayout.costmodel.storage.storage_shards`
 builds the shard, and this module records
 
 * ``dtime`` and ``dover`` — per-step change of the two linear parts of the step time
-  (:func:`~autolayout.search.tables.split`: compute + exposed collectives, and per
+  (:func:`~autolayout.costmodel.overlap.split`: compute + exposed collectives, and per
   overlap domain overlappable collectives − compute): the priced plans of every op the
   shard touches (:class:`~autolayout.costmodel.plan.Planner` with the shard, minus
   without), times their multiplicities — reduce-scatters, sharded update compute,
@@ -42,8 +42,8 @@ from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
 from autolayout.search.liveness import held as held_name, transient
-from autolayout.costmodel.overlap import domain_of
-from autolayout.search.tables import Tables, mesh_order, split
+from autolayout.costmodel.overlap import domain_of, split
+from autolayout.search.tables import Tables, mesh_order
 
 __all__ = ["WusOption", "WusParam", "wus_options", "option_dims", "touched"]
 
@@ -236,16 +236,19 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     if sharded is None:
                         sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
                     plan = sharded.op_plan(op)
-                    new = split(price(plan, op, mesh, hw, tables.overlap))
+                    new = split(price(plan, op, mesh, hw, tables.overlap), op, tables.overlap)
                     rules_alone = tables.op_cost(op, dims, g.assignments[index])
-                    old = split(rules_alone)
+                    old = split(rules_alone, op, tables.overlap)
+                    # per row of the op's domain, by the row's suffix (ops alike in other domains share it)
+                    n = len(domain_of(op))
+                    terms = {k[n:]: new[1].get(k, 0.0) - old[1].get(k, 0.0) for k in new[1].keys() | old[1].keys()}
                     hit = deltas[key] = deltas[canon] = (
-                        new[0] - old[0], new[1] - old[1],
+                        new[0] - old[0], {k: v for k, v in terms.items() if v},
                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
                         held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes)
                 dtime += hit[0] * mult
-                if hit[1]:
-                    dover[dom] = dover.get(dom, 0.0) + hit[1] * mult
+                for suffix, v in hit[1].items():
+                    dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
                 if hit[2]:
                     dbytes[transient(name)] = hit[2]
                 if hit[3]:
