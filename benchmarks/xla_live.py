@@ -14,11 +14,12 @@ XLA writes with ``xla_dump_to`` and ``xla_dump_hlo_as_text`` (its compiler optio
 At each point of the schedule, the bytes in use are: parameter allocations whole (the caller
 owns them, as ``memory_analysis`` counts them), and in each output (live-out) allocation and the
 temp heap the union of the byte ranges of the values live there (constants and thread-local
-scalars are not in ``memory_analysis`` and are left out here too). The peak over the schedule is ``live_bytes``; the rest of
-``memory_analysis`` is ``idle_output_bytes`` (output allocations holding nothing live at that
-peak) and ``heap_gap_bytes`` (the temp heap's size beyond its own most bytes in use at once:
-fragmentation). ``HloLiveRange``'s own "peak" line is not used: it leaves out values such as the
-elements of a combined all-reduce's result tuple.
+scalars are not in ``memory_analysis`` and are left out here too). The peak over the schedule
+is ``live_bytes``; the rest of ``memory_analysis`` is ``idle_output_bytes`` (the part of output
+allocations holding nothing live at that peak) and ``heap_gap_bytes`` (the temp heap's size beyond its own most bytes in use at once:
+fragmentation); the three add up to ``memory_analysis`` (argument + output + temp - alias) where the temp
+heap's own peak is at the same point. ``HloLiveRange``'s own "peak" line is not used: it leaves
+out values such as the elements of a combined all-reduce's result tuple.
 """
 from __future__ import annotations
 
