@@ -25,7 +25,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("mlp-train", "batch:data,model|*:data,model@3"),
     ("moe-train", "batch:data,model"),
     ("mlp-forward", "batch:data,model"),
-    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # the scan's state is one buffer
+    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # the scan state is one buffer, residual adds in it
     ("transformer_lm-train", "batch:data,model"),
     ("transformer_lm-train", "batch:data;heads:model;d_ff:model"),
     ("transformer_lm-train", "batch:data,model|*:data,model@1"),
