@@ -25,7 +25,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("mlp-train", "batch:data,model|*:data,model@3"),
     ("moe-train", "batch:data,model"),
     ("mlp-forward", "batch:data,model"),
-    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # the scan state is one buffer, residual adds in it
+    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # scan state: one buffer, residual adds in it
     ("transformer_lm-train", "batch:data,model"),
     ("transformer_lm-train", "batch:data;heads:model;d_ff:model"),
     ("transformer_lm-train", "batch:data,model|*:data,model@1"),
@@ -82,12 +82,19 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
     ("transformer_lm-train", "batch:data,model|*:data,model@3"): (
         "0.90 (0.90 of XLA's live bytes: a liveness gap; heap fragmentation 904 B). XLA's live peak is in the "
         "backward scan at the w2 gradient's contraction, whose partial sums and reduce-scatter relayout copy "
-        "(64 KiB each) the model holds too; but XLA has already all-gathered every weight of the layer there "
-        "(w1, w2 64 KiB each, wq/wk/wv/wo 16 KiB each: all_gather_invariant.220-227, issued together "
-        "around the body's first contraction, positions 384-392 of its schedule), where the model gathers each "
-        "weight as the op that reads it runs (none at that point); the model holds ~93 KiB more elsewhere (not "
-        "itemised). Gathering a layer's weights at its body's start in the model would push ZeRO-3 rows that pass over 10% (llama-train "
-        "batch:data;kv_heads:model;d_ff:model|*:data@3 is at 1.066)"),
+        "(64 KiB each) the model holds too. Against the model at that point XLA also holds every weight of the "
+        "layer all-gathered (w1, w2 64 KiB each, wq/wk/wv/wo 16 KiB each: all_gather_invariant.220-227, issued "
+        "together around the body's first contraction, positions 384-392 of its schedule), where the model "
+        "gathers each weight as the op that reads it runs (none there): -192.5 KiB; the embedding gradient's "
+        "zero-initialised accumulator (wrapped_broadcast, f32[128,64], broadcast early in the forward pass) and "
+        "a relayout copy of a saved stack (wrapped_copy, 16 KiB): -48 KiB; while the model materialises every "
+        "slice of the saved stacks it reads at the body's start (194 KiB live there) where XLA materialises "
+        "only those a contraction reads (dynamic-slice_bitcast_fusion and squeezes, 88 KiB) and fuses the "
+        "others into their element-wise readers: +106 KiB; the rest (+36 KiB) is in the stacked values and "
+        "gradient accumulators the loop carries. Gathering a layer's weights at its body's start in "
+        "the model would push ZeRO-3 rows that pass over 10% (llama-train "
+        "batch:data;kv_heads:model;d_ff:model|*:data@3 is at 1.066); fusing slices into element-wise readers "
+        "is Op.materialised's rule, shared with the time model"),
     ("moe-train", "batch:data;experts:model|*:data@3"): "0.90: " + ALLOCATION.format(
         live="0.934", what="its temp heap is 16464 B larger than its most bytes in use at once (fragmentation: "
         "290384 against 273920 B). The liveness gap left (6.6%), from the buffer-assignment dump at XLA's peak "
