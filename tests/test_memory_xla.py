@@ -88,13 +88,13 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "gathers each weight as the op that reads it runs (none there): -192.5 KiB; the embedding gradient's "
         "zero-initialised accumulator (wrapped_broadcast, f32[128,64], broadcast early in the forward pass) and "
         "a relayout copy of a saved stack (wrapped_copy, 16 KiB): -48 KiB; while the model materialises every "
-        "slice of the saved stacks it reads at the body's start (194 KiB live there) where XLA materialises "
-        "only those a contraction reads (dynamic-slice_bitcast_fusion and squeezes, 88 KiB) and fuses the "
-        "others into their element-wise readers: +106 KiB; the rest (+36 KiB) is in the stacked values and "
+        "slice of the saved stacks it reads at the body's start (194 KiB live there) where XLA holds "
+        "eight of them there (dynamic-slice_bitcast_fusion and squeezes, 88 KiB), the others fused into their "
+        "readers or sliced later: +106 KiB; the rest (+36 KiB) is in the stacked values and "
         "gradient accumulators the loop carries. Gathering a layer's weights at its body's start in "
         "the model would push ZeRO-3 rows that pass over 10% (llama-train "
-        "batch:data;kv_heads:model;d_ff:model|*:data@3 is at 1.066); fusing slices into element-wise readers "
-        "is Op.materialised's rule, shared with the time model"),
+        "batch:data;kv_heads:model;d_ff:model|*:data@3 is at 1.066); which slices XLA fuses is "
+        "Op.materialised's rule, shared with the time model"),
     ("moe-train", "batch:data;experts:model|*:data@3"): "0.90: " + ALLOCATION.format(
         live="0.934", what="its temp heap is 16464 B larger than its most bytes in use at once (fragmentation: "
         "290384 against 273920 B). The liveness gap left (6.6%), from the buffer-assignment dump at XLA's peak "
