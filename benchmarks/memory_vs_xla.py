@@ -15,7 +15,12 @@ output + temp - alias bytes per device, :attr:`Execution.xla_memory_bytes`), the
 XLA's figure is independent of the cost model: it is the buffer assignment of the compiled
 program (temp is the size of the heap its buffers share, so it is a peak, not a sum).
 
-Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE]``
+``--live`` also prints XLA's peak of *live* bytes (``xla_live.py``, from the program's
+buffer-assignment dumps) and splits the rest of its figure into output allocations holding
+nothing live at that peak and the temp heap's fragmentation: what the cost model, which
+predicts liveness, cannot see.
+
+Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]``
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Iterator
 
@@ -37,6 +43,9 @@ import jax  # noqa: E402  (JAX_NUM_CPU_DEVICES above gives a script 8 devices; t
 from autolayout import models, trace  # noqa: E402
 from autolayout.exec import execute  # noqa: E402
 from autolayout.exec.runner import MEMORY_TOLERANCE  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from xla_live import live_peak  # noqa: E402
 
 __all__ = ["MESH", "TOLERANCE", "CASES", "cases", "measure", "main"]
 
@@ -165,12 +174,17 @@ def cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
             yield name, g, args, lay
 
 
-def measure(graph: Any, args: Any, layout: str) -> dict:
-    """Execute ``layout`` and return predicted vs XLA memory per device (bytes) and the breakdown."""
-    ex = execute(graph, MESH, layout, args=args, repeats=1, reference=False, compiler_options=FAST)
+def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
+    """Execute ``layout`` and return predicted vs XLA memory per device (bytes) and the breakdown;
+    ``live``: also XLA's peak of live bytes and what the rest of its figure is
+    (:func:`xla_live.live_peak`, from the compiled program's buffer-assignment dumps)."""
+    with tempfile.TemporaryDirectory() as dump:
+        options = {**FAST, "xla_dump_to": dump, "xla_dump_hlo_as_text": True} if live else FAST
+        ex = execute(graph, MESH, layout, args=args, repeats=1, reference=False, compiler_options=options)
+        parts = live_peak(dump) if live else {}
     return {"layout": layout or "(replicated)", "predicted": ex.predicted_memory_bytes, "xla": ex.xla_memory_bytes,
             "ratio": ex.memory_ratio, "breakdown": dict(ex.predicted.memory),
-            "xla_parts": dict(ex.xla_memory)}
+            "xla_parts": dict(ex.xla_memory), **{k: v for k, v in parts.items() if k != "module"}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,16 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="run only model ids containing this text")
     ap.add_argument("--csv", help="also write the rows to this CSV file")
     ap.add_argument("--verbose", action="store_true", help="print the predicted breakdown and XLA's parts")
+    ap.add_argument("--live", action="store_true",
+                    help="also print XLA's peak of live bytes (xla_live.py: from its buffer-assignment dumps), "
+                         "predicted / live, and the rest of XLA's figure: output allocations idle at that peak "
+                         "and the temp heap's fragmentation")
     a = ap.parse_args(argv)
     rows = []
     t0 = time.perf_counter()
     print(f"{'model':16s} {'layout':58s} {'predicted':>10s} {'xla':>10s} {'ratio':>6s}")
     for name, g, args, lay in cases(a.only):
-        r = {"model": name, **measure(g, args, lay)}
+        r = {"model": name, **measure(g, args, lay, live=a.live)}
         rows.append(r)
         off = abs(r["ratio"] - 1) > TOLERANCE
         print(f"{name:16s} {r['layout'][:58]:58s} {r['predicted']:10d} {r['xla']:10d} {r['ratio']:6.3f}"
               f"{'  OFF' if off else ''}", flush=True)
+        if a.live:
+            print(f"{'':17s}XLA live peak {r['live_bytes']} (predicted / live {r['predicted'] / r['live_bytes']:.3f}); "
+                  f"idle output allocations {r['idle_output_bytes']}, heap fragmentation {r['heap_gap_bytes']}")
         if a.verbose:
             print(f"{'':17s}predicted {r['breakdown']}\n{'':17s}xla {r['xla_parts']}")
     ratios = [r["ratio"] for r in rows]

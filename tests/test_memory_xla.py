@@ -25,7 +25,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("mlp-train", "batch:data,model|*:data,model@3"),
     ("moe-train", "batch:data,model"),
     ("mlp-forward", "batch:data,model"),
-    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # the scan's state is one buffer
+    ("transformer_lm-forward", "batch:data;heads:model;d_ff:model"),  # scan state: one buffer, residual adds in it
     ("transformer_lm-train", "batch:data,model"),
     ("transformer_lm-train", "batch:data;heads:model;d_ff:model"),
     ("transformer_lm-train", "batch:data,model|*:data,model@1"),
@@ -64,20 +64,52 @@ DONATED = ("not root-caused: the step donates its parameters and optimizer state
 BF16 = ("; XLA's peak is at the gradients' combined all-reduce, where it holds the two float32 weight "
         "gradients beside their all-reduced copies and float32 round trips of the bf16 weights "
         "(convert_convert_fusion; its buffer-assignment dump); the model's breakdown there has no gradients")
-DOT_COPIES = (
-    "XLA:CPU's operand copies for dots ({what} live at XLA's peak): the model prices them in time only "
-    "(costmodel/dotcopy.py); holding each copy while its dot runs over-predicts the MoE layouts (1.14-1.22), "
-    "where XLA frees the original as the copy is made")
+ALLOCATION = (
+    "within 10% of XLA's live bytes (benchmarks/xla_live.py, predicted / live {live}): memory_analysis counts "
+    "allocations, and {what}, which a liveness model cannot see (test_off_by_allocation_only below)")
 
 OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
     ("mlp-train", "hidden:data,model"): (
-        "0.89: XLA combines the forward output's all-reduce (read only by the loss) with the input "
-        "gradient's into one after the backward pass; the model combines parameter-gradient reductions only"),
+        "0.89 (0.89 of XLA's live bytes too: a liveness gap). XLA's peak is at the end of the step, at one "
+        "all-reduce that combines the forward output's (read only by the loss) with the input gradient's "
+        "(AllReduceCombiner merges all-reduces that do not depend on one another, not only gradients'); its "
+        "scheduler runs the weight updates before it (the weight gradients are sharded here, so the updates do not "
+        "wait for it) and the loss after it: live are both partial sums and both reduced results (f32[64,128], "
+        "32 KiB each) beside the arguments. The model's fixed order holds the forward output only until the loss "
+        "and still holds the weight gradients (32 KiB) at the input gradient's reduction. Where the gradients need "
+        "a reduction the updates wait for the combined all-reduce instead (the data-parallel rows, within), so "
+        "the order XLA picks depends on the layout, which the search's fixed memory rows cannot hold"),
     ("transformer_lm-train", "batch:data,model|*:data,model@3"): (
-        "0.90: not root-caused; XLA's peak is in the backward scan with the stacked gradient accumulators "
-        "(zero-initialised) and all-gathered layer weights live"),
-    ("moe-train", "batch:data;experts:model|*:data@3"): "0.90: " + DOT_COPIES.format(what="five copies, 104 KiB"),
-    ("llama-forward", ""): "0.90: " + DOT_COPIES.format(what="a transposed key copy and a weight copy, 96 KiB"),
+        "0.90 (0.90 of XLA's live bytes: a liveness gap; heap fragmentation 904 B). XLA's live peak is in the "
+        "backward scan at the w2 gradient's contraction, whose partial sums and reduce-scatter relayout copy "
+        "(64 KiB each) the model holds too. Against the model at that point XLA also holds every weight of the "
+        "layer all-gathered (w1, w2 64 KiB each, wq/wk/wv/wo 16 KiB each: all_gather_invariant.220-227, issued "
+        "together around the body's first contraction, positions 384-392 of its schedule), where the model "
+        "gathers each weight as the op that reads it runs (none there): -192.5 KiB; the embedding gradient's "
+        "zero-initialised accumulator (wrapped_broadcast, f32[128,64], broadcast early in the forward pass) and "
+        "a relayout copy of a saved stack (wrapped_copy, 16 KiB): -48 KiB; while the model materialises every "
+        "slice of the saved stacks it reads at the body's start (194 KiB live there) where XLA holds "
+        "eight of them there (dynamic-slice_bitcast_fusion and squeezes, 88 KiB), the others fused into their "
+        "readers or sliced later: +106 KiB; the rest (+36 KiB) is in the stacked values and "
+        "gradient accumulators the loop carries. Gathering a layer's weights at its body's start in "
+        "the model would push ZeRO-3 rows that pass over 10% (llama-train "
+        "batch:data;kv_heads:model;d_ff:model|*:data@3 is at 1.066); which slices XLA fuses is "
+        "Op.materialised's rule, shared with the time model"),
+    ("moe-train", "batch:data;experts:model|*:data@3"): "0.90: " + ALLOCATION.format(
+        live="0.934", what="its temp heap is 16464 B larger than its most bytes in use at once (fragmentation: "
+        "290384 against 273920 B). The liveness gap left (6.6%), from the buffer-assignment dump at XLA's peak "
+        "(the backward's first expert contraction): XLA:CPU's dot operand copies, made right after the "
+        "operand's producer (fused into it when it is element-wise) and live until their dot; a value read in "
+        "two orders is held in both (the first expert contraction's ReLU: broadcast_maximum_fusion and "
+        "copy_bitcast_fusion.2, 32 KiB each; a contraction's output two dots read transposed two ways: "
+        "copy_bitcast_fusion.3/.6 and .4/.9, 16 KiB each, the original freed at its last copy), a 32 KiB copy "
+        "of the donated w2 (copy.54, whose buffer then holds a temporary), and the all-gathered w2 (64 KiB; "
+        "XLA's CSE merges the forward's and the backward's identical all-gathers) held across both uses"),
+    ("llama-forward", ""): "0.90: " + ALLOCATION.format(
+        live="0.997", what="at XLA's live peak (the attention scores in the layer scan) its 128 KiB output "
+        "allocation (the logits, allocated for the whole call) holds 8 KiB of live values, the larger "
+        "temporaries it took earlier (ynn_fusion.9/.10, 128 KiB) being dead by then, and its temp heap is 32984 B "
+        "larger than its most bytes in use at once (fragmentation)"),
     ("linen_gpt", ""): "0.75: " + NOT_DONATED.format(donated="0.80"),
     ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"): "0.88: " + NOT_DONATED.format(donated="0.92, within"),
     ("nnx_llama", ""): "0.68: " + NOT_DONATED.format(donated="0.76"),
@@ -127,3 +159,23 @@ def test_predicted_peak_memory_within_10_percent_of_xla(model, layout):
                          ids=[f"{m}:{lay or 'replicated'}" for m, lay in OFF])
 def test_known_memory_gaps_to_xla(model, layout):
     _check(model, layout)
+
+
+ALLOCATION_ONLY = [  # OFF rows whose liveness is within 10% of XLA's: the rest of XLA's figure is allocation
+    ("moe-train", "batch:data;experts:model|*:data@3"),
+    ("llama-forward", ""),
+]
+
+
+@pytest.mark.parametrize("model,layout", ALLOCATION_ONLY,
+                         ids=[f"{m}:{lay or 'replicated'}" for m, lay in ALLOCATION_ONLY])
+def test_off_by_allocation_only(model, layout):
+    """The OFF reasons' split, measured: predicted within 10% of XLA's peak of live bytes
+    (benchmarks/xla_live.py, from the compiled program's buffer-assignment dumps), off against
+    memory_analysis only by output allocations idle at that peak and the temp heap's fragmentation."""
+    assert (model, layout) in OFF
+    g, args = built(model)
+    r = bench.measure(g, args, layout, live=True)
+    assert abs(r["predicted"] / r["live_bytes"] - 1) <= 0.10, r
+    assert abs(r["ratio"] - 1) > 0.10, r
+    assert r["idle_output_bytes"] + r["heap_gap_bytes"] > 0, r

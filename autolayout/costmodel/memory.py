@@ -37,7 +37,9 @@ freed before the next). Its carried values are the loop state, one buffer that X
 copy only where a value is still needed after): the body counts it while the loop runs,
 the final carry (the scan's result) takes memory only from its own unit after the loop,
 and an initial value that the scan reads last becomes the loop state (it is freed before
-the scan, as an element-wise op's operand is). While an op runs it also holds :func:`transient_bytes`.
+the scan, as an element-wise op's operand is). Inside the body, element-wise ops chained in
+place over the carried value (a residual stream) write into the loop state's buffer too and
+take none of their own (:func:`loop_state_chain`). While an op runs it also holds :func:`transient_bytes`.
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
@@ -67,8 +69,8 @@ from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "peak_memory", "transient_bytes", "held_bytes",
-           "combined_reductions"]
+__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
+           "held_bytes", "combined_reductions"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -278,7 +280,39 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
         src = in_place_operand(graph, n, readers)
         if src in order and last[src] == order[n] and order[src] < order[n]:
             last[src] = order[n] - 1
+    for c, _ in lp.carries:
+        for n in loop_state_chain(graph, lp, c, readers):
+            last[n] = order[n] - 1  # written into the loop state's buffer, which the carry counts
     return order, last
+
+
+def loop_state_chain(graph: Graph, lp: Loop, carry: str,
+                     readers: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The body's values that XLA writes into the buffer of the loop state ``carry``: an
+    element-wise op that reads the carried value for the last time writes its result over it
+    (:func:`in_place_operand`, as anywhere else), and so on down the chain, typically to the
+    next carried value (a residual stream: ``x + attn`` then ``+ mlp``). The carry counts that
+    buffer for the whole iteration (the loop state is one buffer: module docstring), so these
+    values take none of their own. Measured in XLA:CPU's buffer assignment of the
+    ``transformer_lm`` forward scan: the loop state, both residual adds and the initial value
+    share one allocation and offset (``wide.param{1}``, ``wrapped_add.1``, ``wrapped_add.2``;
+    ``benchmarks/xla_live.py``). A value also read outside the body other than by the scan's
+    result (stacked for the backward pass) ends the chain."""
+    readers = _readers(graph) if readers is None else readers
+    order = {n: i for i, n in enumerate(lp.body)}
+    finals = {r for r, _ in lp.results}  # the scan's result reads the loop state after the loop
+    chain: list[str] = []
+    cur = carry
+    while True:
+        users = [order[r] for r in readers[cur] if r in order]
+        if not users:
+            return chain
+        nxt = lp.body[max(users)]
+        if (in_place_operand(graph, nxt, readers) != cur or order[nxt] <= order[cur]
+                or any(r not in order and r not in finals for r in readers[nxt])):
+            return chain
+        chain.append(nxt)
+        cur = nxt
 
 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
