@@ -69,7 +69,8 @@ DONATED = (
     "({dot}; written by a second copy of the producing fusion, live beside the original, which the input-gradient "
     "dot reads; the model prices dot operand copies in time only, costmodel/dotcopy.py) "
     "and copies of donated parameters ({params}: XLA's copy insertion copies a donated argument whose update "
-    "need not follow all of its reads, copy.N of param.N, live to the last read)")
+    "need not follow all of its reads, copy.N of param.N, live to the last read; none in nnx_llama-donated's "
+    "data-parallel layout, where the gradients' one combined all-reduce orders every read before the updates)")
 BF16_ZERO3 = (
     "over-predicted: the model holds every gradient's unreduced float32 partial sums until the last gradient "
     "contraction (memory.held_bytes: XLA:CPU's schedulers defer the reduce-scatters of the f32 zoo mlp's ZeRO "

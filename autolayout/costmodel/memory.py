@@ -54,6 +54,10 @@ breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parame
 gradients) and ``activations`` (everything else: inputs, saved activations,
 temporaries, outputs that are not parameters or optimizer state), and ``transient``
 (held bytes included); the categories come from ``graph.param_roles``.
+
+Every tensor counts at :func:`stored_itemsize` bytes an element: its dtype's, except that a
+backend that runs half-precision dots in float32 (``Hardware.upcasts_half_dots``: XLA:CPU) holds
+the bfloat16 operands of a contraction and an einsum's result in float32 buffers.
 """
 from __future__ import annotations
 
