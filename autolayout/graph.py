@@ -717,12 +717,35 @@ def identity_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> tuple:
 ON_CHIP = "on_chip"
 
 
+# the element-wise ops of XLA's InstructionFusion::IsExpensive (openxla/xla
+# xla/service/instruction_fusion.cc) by the tracer's names (autolayout/_interpret.py)
+EXPENSIVE_ELEMENTWISE = frozenset({
+    "exp", "expm1", "log", "log1p", "logistic", "tanh", "rsqrt", "sqrt", "cbrt", "pow", "erf", "div", "atan2",
+    "acos", "asin", "acosh", "asinh", "atanh", "cosh", "rem"})
+
+
+def expensive(op: Op) -> bool:
+    """Whether XLA counts elementwise ``op`` expensive (``InstructionFusion::IsExpensive``):
+    transcendental functions and float divisions, except a division by a constant, which XLA's
+    algebraic simplifier turns into a multiplication by its reciprocal (a divisor that is not a
+    graph tensor is a literal)."""
+    if op.fn not in EXPENSIVE_ELEMENTWISE or "float" not in op.output.dtype:
+        return False
+    return op.fn != "div" or len(op.inputs) >= 2
+
+
 def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
     """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
     (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
-    elementwise op of the same loop and it is not a graph output; a tensor whose op has the
-    :data:`ON_CHIP` attr stays on chip too (a fused kernel's internal tensor) unless it is a
-    graph output; everything else is materialised."""
+    elementwise op of the same loop and it is not a graph output, unless it is
+    :func:`expensive` and would be fused into more than one materialised op: XLA does not
+    duplicate an expensive producer into several fusions (openxla/xla
+    ``xla/service/instruction_fusion.cc``, ``InstructionFusion::ShouldFuse``: a fusion that
+    ``FusionWouldDuplicate`` an ``is_expensive`` producer is refused), so it computes it once,
+    into memory, where a cheap one is recomputed in each (``tests/test_expensive_fusion.py``,
+    against the optimized HLO). A tensor whose op has the :data:`ON_CHIP` attr stays on chip
+    too (a fused kernel's internal tensor) unless it is a graph output; everything else is
+    materialised."""
     users: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         for i in op.inputs:
@@ -740,7 +763,18 @@ def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
         us = users.get(name, [])
         return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
 
-    mat = {op.name: materialized(op.name) for op in ops}
+    mat: dict[str, bool] = {}
+    sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
+    for op in reversed(ops):  # consumers first
+        m = materialized(op.name)
+        if not m:
+            into = frozenset().union(*(({u.name} if mat[u.name] else sinks[u.name]) for u in users[op.name]))
+            # XLA does not duplicate an expensive producer into several fusions
+            # (InstructionFusion::ShouldFuse: FusionWouldDuplicate && is_expensive): it is
+            # computed once, into memory
+            m = len(into) > 1 and expensive(op) and not op.attr(ON_CHIP)
+            sinks[op.name] = into
+        mat[op.name] = m
     return [dataclasses.replace(op, hbm=tuple(mat[i] for i in op.inputs) + (mat[op.name],)) for op in ops]
 
 

@@ -204,6 +204,10 @@ class Hardware:
             most major first copies the operand into that layout
             (:func:`~autolayout.costmodel.memory.transient_bytes`); see
             :data:`SRC_CPU_GRADIENT_REDUCTIONS`.
+        upcasts_half_dots: whether a contraction of half-precision (bfloat16, float16)
+            operands runs in float32, so that its operands and result are held in float32
+            buffers (:func:`~autolayout.costmodel.memory.stored_itemsize`); see
+            :data:`SRC_CPU_HALF_DOTS`.
 
     >>> hw = get_hardware("tpu-v5p")
     >>> hw.peak("bfloat16")
@@ -230,6 +234,7 @@ class Hardware:
     # byte threshold (XLA:GPU 30 MiB by default) and run them in place (GPU), so False there
     combines_gradient_reductions: bool = False
     reduce_scatter_copies: bool = False  # SRC_CPU_GRADIENT_REDUCTIONS: measured on XLA:CPU
+    upcasts_half_dots: bool = False  # SRC_CPU_HALF_DOTS: XLA:CPU; accelerators run half dots natively
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -326,6 +331,7 @@ class Hardware:
             "fused_attention": self.fused_attention,
             "combines_gradient_reductions": self.combines_gradient_reductions,
             "reduce_scatter_copies": self.reduce_scatter_copies,
+            "upcasts_half_dots": self.upcasts_half_dots,
         }
 
     @classmethod
@@ -632,6 +638,15 @@ SRC_CPU_GRADIENT_REDUCTIONS = (
     "xla_gpu_all_reduce_combine_threshold_bytes (30 MiB by default) and runs them in place; the TPU "
     "compiler's rules are not public: neither is modelled there")
 
+SRC_CPU_HALF_DOTS = (
+    "XLA:CPU normalises half-precision ops to float32 (openxla/xla xla/service/cpu/cpu_compiler.cc runs "
+    "FloatNormalization with CpuFloatSupport, xla/service/cpu/cpu_float_support.h, which keeps a bf16 dot "
+    "only where a library (XNNPACK, oneDNN) takes it): a bfloat16 dot reads float32 converts of its "
+    "operands and writes a float32 result that a convert rounds back (measured: the optimized HLO and "
+    "buffer assignment of examples/linen_bf16_mlp.py in benchmarks/memory_vs_xla.py: 'convert_convert_fusion' "
+    "f32 buffers of the bf16 weights and activations, 'dot_general = f32[...] dot', every dot of the step). "
+    "GPUs and TPUs run bf16 dots natively")
+
 
 def _hopper(name: str, hbm_bytes: float, hbm_bw: float, sheet: str) -> Hardware:
     return Hardware(
@@ -696,6 +711,7 @@ CPU = Hardware(
     all_reduce_in_place=False,  # SRC_ALL_REDUCE_IN_PLACE: measured on XLA:CPU
     combines_gradient_reductions=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     reduce_scatter_copies=True,  # SRC_CPU_GRADIENT_REDUCTIONS
+    upcasts_half_dots=True,  # SRC_CPU_HALF_DOTS
     description=(
         "PLACEHOLDER for the machine at hand (one JAX CPU device ~ one core). Not a measured "
         "profile: run calibrate and use the profile it writes instead."

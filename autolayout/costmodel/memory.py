@@ -56,6 +56,10 @@ breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parame
 gradients) and ``activations`` (everything else: inputs, saved activations,
 temporaries, outputs that are not parameters or optimizer state), and ``transient``
 (held bytes included); the categories come from ``graph.param_roles``.
+
+Every tensor counts at :func:`stored_itemsize` bytes an element: its dtype's, except that a
+backend that runs half-precision dots in float32 (``Hardware.upcasts_half_dots``: XLA:CPU) holds
+the bfloat16 operands of a contraction and an einsum's result in float32 buffers.
 """
 from __future__ import annotations
 
@@ -70,7 +74,7 @@ from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
-           "held_bytes", "combined_reductions"]
+           "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -227,7 +231,59 @@ def _partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
             and all(s.kind == ALL_REDUCE for s in p.out_steps)):
         return 0
     sizes = {d.name: d.size for d in op.dims}
-    return int(p.computed.local_elements(sizes, mesh) * op.output.itemsize)
+    itemsize = _FLOAT32_BYTES if hardware.upcasts_half_dots and _upcast(op) else op.output.itemsize
+    return int(p.computed.local_elements(sizes, mesh) * itemsize)
+
+
+_HALF = ("bfloat16", "float16")
+_FLOAT32_BYTES = 4  # np.dtype("float32").itemsize
+
+
+def stored_itemsize(graph: Graph, name: str, hardware: Hardware) -> int:
+    """Bytes per element that tensor ``name`` takes in memory on ``hardware``: its dtype's,
+    except that where ``hardware.upcasts_half_dots`` (XLA:CPU) a half-precision tensor that a
+    contraction (an einsum of two operands) reads or that an einsum writes is held in float32:
+    the backend runs the op in float32 on float32 converts of its operands (the convert is
+    fused into the operand's producer, so the float32 buffer takes the half tensor's place) and
+    writes a float32 result that a convert rounds back to the half dtype in its consumers
+    (:data:`~autolayout.costmodel.hardware.SRC_CPU_HALF_DOTS`). Arguments and outputs of the
+    step keep their dtype: the caller's buffers are what they are.
+
+    ``predict`` (:func:`stored_bytes`) and the search's memory rows
+    (``search.tables.Tables.tensor_bytes``) both size tensors with this (one rule)."""
+    t = graph.tensor(name)
+    return _FLOAT32_BYTES if hardware.upcasts_half_dots and name in _half_dot_tensors(graph) else t.itemsize
+
+
+def _upcast(op: Op) -> bool:
+    """Whether ``op`` is an einsum that a backend with ``upcasts_half_dots`` runs in float32 on
+    half-precision operands (:func:`stored_itemsize`)."""
+    return op.kind == "einsum" and (op.output.dtype in _HALF or any(d in _HALF for d in op.input_dtypes))
+
+
+@lru_cache(maxsize=256)
+def _half_dot_tensors(graph: Graph) -> frozenset[str]:
+    """The half-precision tensors, neither arguments nor outputs, that a contraction reads or
+    an einsum writes (:func:`stored_itemsize`)."""
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    out = set()
+    for t in graph.tensors():
+        if t.dtype not in _HALF or t.role in ("input", "param", "opt_state") or t.name in outputs:
+            continue
+        read = any(_upcast(graph.op(c)) for c in graph.consumers(t.name) if len(graph.op(c).inputs) >= 2)
+        if read or _upcast(graph.op(t.name)):
+            out.add(t.name)
+    return frozenset(out)
+
+
+def stored_bytes(graph: Graph, local_bytes: Mapping[str, int], hardware: Hardware) -> dict[str, int]:
+    """Every tensor's bytes in memory on ``hardware``, from a plan's ``local_bytes`` (at each
+    tensor's dtype) and :func:`stored_itemsize`."""
+    out = {}
+    for n, b in local_bytes.items():
+        t = graph.tensor(n)
+        out[n] = b if not b else b * stored_itemsize(graph, n, hardware) // t.itemsize
+    return out
 
 
 class _EveryDimSplit(dict):

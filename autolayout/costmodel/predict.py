@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
-from autolayout.costmodel.memory import peak_memory
+from autolayout.costmodel.memory import peak_memory, stored_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
@@ -147,7 +147,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, p.local_bytes, temps, held)
+    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -29,6 +29,7 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
@@ -190,11 +191,13 @@ class Tables:
 
     def tensor_bytes(self, t: Tensor) -> np.ndarray:
         """Local bytes ``t`` takes in memory under the layout's rules (as a plan's
-        ``local_bytes`` counts them) for each assignment of its group; 0 if it is an
-        elementwise intermediate fused into its consumers."""
+        ``local_bytes`` counts them, at :func:`~autolayout.costmodel.memory.stored_itemsize`
+        bytes per element, as ``predict`` does) for each assignment of its group; 0 if it is
+        an elementwise intermediate fused into its consumers."""
         dims = self.tensor_dims(t)
         stored = self.graph.op(t.name).materialised
-        key = (dims, tuple((d.name, d.size) for d in t.shape), t.itemsize, stored)
+        itemsize = stored_itemsize(self.graph, t.name, self.hw)
+        key = (dims, tuple((d.name, d.size) for d in t.shape), itemsize, stored)
         hit = self._tensor_bytes.get(key)
         if hit is None:
             g = self.group(dims)
@@ -202,7 +205,7 @@ class Tables:
             base = self.space.base
             hit = np.array([Placement.of(names, {base[d]: ax for d, ax in g.axes_of(i).items()})
                             .local_elements(self.graph.dims, self.fast_mesh)
-                            * t.itemsize if stored else 0 for i in range(len(g.assignments))],
+                            * itemsize if stored else 0 for i in range(len(g.assignments))],
                            dtype=np.int64)
             self._tensor_bytes[key] = hit
         return hit

@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import held_bytes, transient_bytes
+from autolayout.costmodel.memory import held_bytes, stored_itemsize, transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shard
@@ -259,7 +259,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                 if diff is None:
                     if sharded is None:
                         sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
-                    diff = tbytes[key] = int(sharded.local_bytes(n) - _rules_bytes(tables, n, axes_of))
+                    diff = tbytes[key] = int(sharded.local_bytes(n) * stored_itemsize(graph, n, hw)
+                                             // graph.tensor(n).itemsize - _rules_bytes(tables, n, axes_of))
                 if diff:
                     dbytes[n] = diff
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
