@@ -71,16 +71,16 @@ WHY = {
                           "(hardware.async_collectives); the paper's 2018 program ran before XLA's "
                           "latency-hiding scheduler: without overlap the prediction is 53.8%. Its attention "
                           "materialised the scores (tpu-v2 prices no fused attention).",
-    "maxtext-32b-v5p-128": "Within 10 points. Fused attention removes the score traffic (+7.3 points over the "
+    "maxtext-32b-v5p-128": "Within 10 points. Fused attention removes the score traffic (+7.2 points over the "
                            "'before' column). The backward pass's tensor-parallel all-reduces (1.14 s) run "
                            "beside their weight-gradient matmuls (the overlap rule's independent work, as "
                            "Megatron-LM and XLA's latency-hiding scheduler run them); the forward ones between "
-                           "dependent matmuls (0.46 s) stay exposed: without them 67.5%. The 'dots' policy as "
-                           "priced saves every weight matmul's output: 155 GiB per chip at 28 sequences per "
+                           "dependent matmuls (0.46 s) stay exposed: without them 66.8%. The 'dots' policy as "
+                           "priced saves every weight matmul's output: 154 GiB per chip at 28 sequences per "
                            "chip (over the 95 GiB HBM); how MaxText's run fits is not modelled.",
-    "maxtext-128b-v5p-256": "Within 10 points. As for 32B: fused attention +7.2 points, the backward "
+    "maxtext-128b-v5p-256": "Within 10 points. As for 32B: fused attention +7.1 points, the backward "
                             "all-reduces beside their weight gradients, 0.31 s of forward tensor-parallel "
-                            "all-reduces exposed (without them 67.3%).",
+                            "all-reduces exposed (without them 66.6%).",
     "palm-540b-v4-6144": "Within 10 points. Fused attention and parallel layers +9.9 points over the 'before' "
                          "column: the attention and MLP branches' 12-way all-reduces run beside each "
                          "other's matmuls and the backward ones beside the weight gradients (the overlap "
