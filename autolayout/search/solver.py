@@ -102,6 +102,10 @@ def _solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
     s.parameters.max_time_in_seconds = max(seconds, 0.01)
     s.parameters.num_workers = workers
     s.parameters.random_seed = seed
+    # the overlap slacks are maxima of linear rows over the one-hots (overlap.py), whose LP
+    # relaxation CP-SAT's default level 1 leaves weak: PaLM 540B under its memory limit
+    # (benchmarks/large_models.py) took 55 s of CP-SAT at level 1 and 37 s at level 2
+    s.parameters.linearization_level = 2
     return s
 
 
@@ -451,7 +455,9 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
         obj_units = solver.ObjectiveValue()
         bound = lm.seconds(_bound(lm, solver, obj_units))
         obj = lm.seconds(obj_units)
-        if status == "OPTIMAL":  # tie-break among equal-time optima (module docstring)
+        # tie-break among equal-time optima (module docstring); not for a layout over the memory
+        # limit: its rows are added and the model solved again, so its tie-break would be thrown away
+        if status == "OPTIMAL" and (not points or peak_of(points, sizes_of(tables, wus, point))[0] <= limit):
             lm.hint(point)
             m2, twin = lm.tie_break_model(int(round(obj_units)))
             left = time_limit_s - (time.perf_counter() - start)
