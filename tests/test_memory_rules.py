@@ -7,7 +7,10 @@ live sets against ``predict`` on the profile that has the rules on.
   independent all-reduces into one (``CpuAllReduceCombiner``, no byte threshold), so every
   gradient's partial sums are live at once;
 * the reduce-scatter relayout copy (``Hardware.reduce_scatter_copies``): scattering a dim that is
-  not the operand's most major one first copies the operand into that layout.
+  not the operand's most major one first copies the operand into that layout;
+* dot operand copies (``Hardware.dot_operand_copies``): an operand the dot cannot read in place is
+  copied, and the copy is live beside the original at the dot where the original outlives it
+  (``memory.copy_transient_bytes``).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from jax.sharding import PartitionSpec as P
 from autolayout import models, predict
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware, get_hardware, known_hardware
-from autolayout.costmodel.memory import combined_reductions
+from autolayout.costmodel.memory import combined_reductions, copy_transient_bytes
+from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_held, live_points, peak_of
 from autolayout.search.solver import sizes_of
@@ -80,6 +84,55 @@ def test_xla_cpu_reduce_scatter_of_a_minor_dim_copies_its_operand(dim):
 
 
 # ------------------------------------------------------------------ the model's figure by hand
+COPY_B, COPY_E, COPY_D = 64, 4, 32  # h = tanh(x) [b, e, d] read by bed,edf->ebf: batch e not leading
+
+
+def _copy_fn(outlives: bool):
+    """h = tanh(x) [64, 4, 32] f32 (32 KiB) read by a dot that needs it as [e, b, d] (a copy);
+    ``outlives``: h is read again after the dot, else the dot is its only reader."""
+    def fn(x, w):
+        h = jnp.tanh(x)
+        y = jnp.einsum("bed,edf->ebf", h, w)
+        return jnp.sum((h if outlives else x) * jnp.sum(y))
+    return fn
+
+
+def _copy_args():
+    return jnp.ones((COPY_B, COPY_E, COPY_D), jnp.float32), jnp.ones((COPY_E, COPY_D, COPY_D), jnp.float32)
+
+
+@pytest.mark.parametrize("outlives,temp", [(True, 2), (False, 1)])
+def test_xla_cpu_dot_operand_copy_is_live_beside_an_original_that_outlives_the_dot(outlives, temp):
+    """XLA:CPU copies h into [e, b, d] for the dot (transpose_copy_fusion); the temp heap holds the
+    copy and h (2 x 32 KiB) where h is read after the dot, the copy alone where the dot is h's only
+    reader (the copy takes h's place: XLA fuses tanh into it)."""
+    c = jax.jit(_copy_fn(outlives)).lower(*_copy_args()).compile()
+    assert "transpose_copy_fusion" in c.as_text() or " copy(" in c.as_text()
+    assert c.memory_analysis().temp_size_in_bytes == temp * COPY_B * COPY_E * COPY_D * F32
+
+
+@pytest.mark.parametrize("outlives", [True, False])
+def test_dot_operand_copy_held_at_the_dot_by_hand(outlives):
+    """The model's figure for the same functions: the dot holds the 32 KiB copy of h beside h where
+    h outlives it, nothing where the copy takes h's place; w is read in place; off where
+    ``dot_operand_copies`` is off."""
+    from autolayout import trace
+    g = trace(_copy_fn(outlives), *_copy_args())
+    (dot,) = [op for op in g.ops() if op.kind == "einsum" and len(op.inputs) == 2]
+    one = Mesh.parse("data:1")
+    oc = op_cost(dot, {}, one, CPU)
+    assert oc.operand_copy_bytes == (COPY_B * COPY_E * COPY_D * F32, 0)
+    assert copy_transient_bytes(g, dot.name, oc.operand_copy_bytes) == (COPY_B * COPY_E * COPY_D * F32
+                                                                        if outlives else 0)
+    assert op_cost(dot, {}, one, CPU.replace(dot_operand_copies=False)).operand_copy_bytes == ()
+    with_copy = predict(g, "data:1", "", hardware=CPU).memory_bytes
+    without = predict(g, "data:1", "", hardware=CPU.replace(dot_operand_copies=False)).memory_bytes
+    if outlives:  # at the dot: x, h, its copy and y (32 KiB each) and w (16 KiB)
+        assert with_copy == 4 * COPY_B * COPY_E * COPY_D * F32 + COPY_E * COPY_D * COPY_D * F32 > without
+    else:
+        assert with_copy == without
+
+
 def test_gradient_reducing_ops_and_where_they_are_reduced_together():
     g = _mlp()
     at, ops = combined_reductions(g)[None]

@@ -23,7 +23,7 @@ from typing import Mapping
 
 from autolayout.graph import Op
 
-__all__ = ["copied_operands", "copy_bytes"]
+__all__ = ["copied_operands", "copy_bytes", "operand_copy_elements"]
 
 
 def copied_operands(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
@@ -66,6 +66,16 @@ def copy_bytes(op: Op, local: Mapping[str, int]) -> int:
     dtypes = op.input_dtypes or (op.output.dtype,) * len(op.inputs)
     return sum(2 * math.prod(local[d.name] for d in op.input_shapes[i]) * _itemsize(dtypes[i])
                for i in copied_operands(op, local))
+
+
+def operand_copy_elements(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
+    """Per operand of contraction ``op``, the elements of the copy XLA:CPU makes of it on one
+    device (0: read in place, :func:`copied_operands`). Whether an operand is copied depends only
+    on the local sizes of that operand's own dims, so the copy's size is a function of the
+    operand's layout (the search's memory rows stay linear in the op's dims' assignment)."""
+    copied = copied_operands(op, local)
+    return tuple(math.prod(local[d.name] for d in s) if i in copied else 0
+                 for i, s in enumerate(op.input_shapes))
 
 
 def _itemsize(dtype: str) -> int:

@@ -191,7 +191,9 @@ class Hardware:
             :func:`~autolayout.exec.calibrate.fit_step_profile` fits it to measured steps.
         dot_operand_copies: whether a contraction also pays for copying the operands its dot
             kernel cannot read in place (:mod:`~autolayout.costmodel.dotcopy`: XLA:CPU's
-            ``[batch, M, K]`` canonicalisation); ``calibrate`` sets it on CPU devices.
+            ``[batch, M, K]`` canonicalisation; in memory, a copy is live beside an original
+            that outlives its dot, :func:`~autolayout.costmodel.memory.copy_transient_bytes`);
+            ``calibrate`` sets it on CPU devices, and the built-in ``cpu`` profile has it.
         fused_attention: whether attention runs as a fused kernel that keeps the score
             tensors on chip and recomputes them in the backward pass (FlashAttention, Dao et
             al. 2022), priced by :mod:`~autolayout.costmodel.attention`; see
@@ -712,6 +714,8 @@ CPU = Hardware(
     combines_gradient_reductions=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     reduce_scatter_copies=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     upcasts_half_dots=True,  # SRC_CPU_HALF_DOTS
+    # XLA:CPU copies a dot's operands into [batch, M, K] order (costmodel/dotcopy.py), as calibrate sets
+    dot_operand_copies=True,
     description=(
         "PLACEHOLDER for the machine at hand (one JAX CPU device ~ one core). Not a measured "
         "profile: run calibrate and use the profile it writes instead."

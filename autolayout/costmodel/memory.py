@@ -39,7 +39,9 @@ the final carry (the scan's result) takes memory only from its own unit after th
 and an initial value that the scan reads last becomes the loop state (it is freed before
 the scan, as an element-wise op's operand is). Inside the body, element-wise ops chained in
 place over the carried value (a residual stream) write into the loop state's buffer too and
-take none of their own (:func:`loop_state_chain`). While an op runs it also holds :func:`transient_bytes`.
+take none of their own (:func:`loop_state_chain`). While an op runs it also holds :func:`transient_bytes`,
+and a contraction on a backend that copies dot operands (``Hardware.dot_operand_copies``: XLA:CPU)
+the copies of its operands whose originals outlive it (:func:`copy_transient_bytes`).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
@@ -67,6 +69,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from autolayout.core import Mesh
+from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
@@ -74,7 +77,8 @@ from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
-           "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes"]
+           "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes", "operand_copy_bytes",
+           "copy_transient_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -220,6 +224,60 @@ def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
     other hardware."""
     return _partial_bytes(p, op, mesh, hardware) if hardware.combines_gradient_reductions else 0
+
+
+def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> tuple[int, ...]:
+    """Per operand of contraction ``op``, the bytes of the copy XLA:CPU makes of it for its dot
+    (:func:`~autolayout.costmodel.dotcopy.copied_operands`; 0 where read in place), ``local``
+    giving each dim's size on one device: the operand's local elements at its dtype, in float32
+    where ``hardware.upcasts_half_dots`` runs the op in float32 (the convert is fused into the
+    copy, :func:`stored_itemsize`)."""
+    dtypes = op.input_dtypes or (op.output.dtype,) * len(op.inputs)
+    wide = hardware.upcasts_half_dots and _upcast(op)
+    import numpy as np
+    return tuple(n * (_FLOAT32_BYTES if wide else np.dtype(dt).itemsize)
+                 for n, dt in zip(operand_copy_elements(op, local), dtypes))
+
+
+def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> int:
+    """The bytes of operand copies (:func:`operand_copy_bytes`, ``copies``) that contraction
+    ``name`` holds while it runs beside its operands' originals.
+
+    XLA:CPU makes the copy of a dot's operand right after the operand's producer and holds it
+    until the dot; the original dies at its last reader other than the dot (XLA's buffer
+    assignment, ``benchmarks/xla_live.py``, ``moe`` ZeRO-3 layout). Where the dot is the
+    original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
+    original's place at the dot and adds nothing there; where the original outlives the dot (an
+    argument, an output, a value read later: an activation gradient read by the input-gradient
+    and the weight-gradient dots, or read by two dots in two orders, each with its copy) the copy
+    is live beside it. Counted at the dot only: a copy's life from the producer to the dot is
+    not (a lower bound where other work runs between them)."""
+    if not copies or not any(copies):
+        return 0
+    outlives = _copy_outlives(graph).get(name, ())
+    return int(sum(b for b, live in zip(copies, outlives) if live))
+
+
+@lru_cache(maxsize=256)
+def _copy_outlives(graph: Graph) -> dict[str, tuple[bool, ...]]:
+    """For every contraction of two operands, per operand: whether its original is live after
+    the op runs (:func:`copy_transient_bytes`)."""
+    units, alloc, free = lifetimes(graph)
+    unit_of = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
+    out: dict[str, tuple[bool, ...]] = {}
+    for lp in graph.loops.values():
+        i = next(k for k, u in enumerate(units) if isinstance(u, Loop) and u.name == lp.name)
+        order, last = body_lifetimes(graph, lp)
+        for n in lp.body:
+            op = graph.op(n)
+            if op.kind == "einsum" and len(op.inputs) == 2:
+                out[n] = tuple((last[t] > order[n]) if t in order else (t in free and free[t] >= i)
+                               for t in op.inputs)
+    for n, i in unit_of.items():
+        op = graph.op(n)
+        if op.kind == "einsum" and len(op.inputs) == 2:
+            out[n] = tuple(t in free and free[t] > i for t in op.inputs)
+    return out
 
 
 def _partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
-from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.memory import copy_transient_bytes, peak_memory, stored_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
@@ -124,8 +124,9 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     for op in graph.ops():
         oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
-        if oc.transient_bytes:
-            temps[op.name] = oc.transient_bytes
+        extra = copy_transient_bytes(graph, op.name, oc.operand_copy_bytes)  # dot operand copies
+        if oc.transient_bytes or extra:
+            temps[op.name] = oc.transient_bytes + extra
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
         lin, parts = split(oc, op, overlap)

@@ -28,7 +28,7 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import held_bytes, transient_bytes
+from autolayout.costmodel.memory import held_bytes, operand_copy_bytes, transient_bytes
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
@@ -85,6 +85,9 @@ class OpCost:
     beside_s: float = 0.0  # the part of overlapped_s that hides only beside independent work
     transient_bytes: int = 0  # held only while the op runs (:func:`~autolayout.costmodel.memory.transient_bytes`)
     held_bytes: int = 0  # held until the combined gradient reduction (:func:`~autolayout.costmodel.memory.held_bytes`)
+    # per operand, the bytes of the copy XLA:CPU makes of it for the dot (0: read in place;
+    # :func:`~autolayout.costmodel.memory.operand_copy_bytes`); () where hw.dot_operand_copies is off
+    operand_copy_bytes: tuple[int, ...] = ()
 
     @property
     def time_s(self) -> float:
@@ -146,14 +149,16 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
     if graph_op.kind not in NOT_EXECUTED:  # launch/dispatch cost of an executed op (Hardware.op_overhead_s)
         compute += hw.op_overhead_s
     sizes = _sizes(graph_op)
+    copies: tuple[int, ...] = ()
     if hw.dot_operand_copies and graph_op.kind == "einsum" and len(graph_op.inputs) == 2:
         local = {n: -(-size // math.prod(mesh.axis_size(a) for a in p.axes.get(n, ()))) for n, size in sizes.items()}
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
+        copies = operand_copy_bytes(graph_op, local, hw)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped),
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
-                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw))
+                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies)
 
 
 def _sizes(op: Op) -> dict[str, int]:

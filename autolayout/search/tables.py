@@ -29,7 +29,7 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import stored_itemsize
+from autolayout.costmodel.memory import copy_transient_bytes, stored_itemsize
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
@@ -212,9 +212,18 @@ class Tables:
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
-        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, as
-        ``predict`` counts them) for each assignment of the group of its dims."""
-        return self._per_assignment(op, "transient_bytes", self._transient)
+        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, and the
+        operand copies of a contraction, :func:`~autolayout.costmodel.memory.copy_transient_bytes`,
+        as ``predict`` counts them) for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._transient.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            costs = [self.op_cost(op, dims, a) for a in g.assignments]
+            hit = self._transient[op.name] = np.array(
+                [oc.transient_bytes + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
+                 for oc in costs], dtype=np.int64)
+        return dims, hit
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds until its computation's combined gradient
