@@ -366,7 +366,11 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     notes.append(f"stream {rows * 1024 * 4 / 2**20:.0f} MiB: {hbm_bw / 1e9:.2f} GB/s per device")
 
     # -- alpha/beta per mesh axis
-    nbytes = (4096, 262144) if quick else (4096, 65536, 1048576)
+    # quick: the larger size at 2 MiB, where a collective takes ~1-6 ms against ~20-150 us at
+    # 4 KiB on 8 XLA:CPU devices (measured on a loaded 2-core host); at 256 KiB the bandwidth
+    # term was within the timing noise of a loaded machine (a 64 KiB all-gather measured
+    # faster than a 1 KiB one) and the fit found no bandwidth (CalibrationError)
+    nbytes = (4096, 2097152) if quick else (4096, 65536, 1048576)
     links, pooled = {}, []
     for axis in all_axes:
         size = amesh.axis_size(axis)
