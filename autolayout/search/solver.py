@@ -457,7 +457,8 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
         obj = lm.seconds(obj_units)
         # tie-break among equal-time optima (module docstring); not for a layout over the memory
         # limit: its rows are added and the model solved again, so its tie-break would be thrown away
-        if status == "OPTIMAL" and (not points or peak_of(points, sizes_of(tables, wus, point))[0] <= limit):
+        sizes = sizes_of(tables, wus, point) if points else {}
+        if status == "OPTIMAL" and (not points or peak_of(points, sizes)[0] <= limit):
             lm.hint(point)
             m2, twin = lm.tie_break_model(int(round(obj_units)))
             left = time_limit_s - (time.perf_counter() - start)
@@ -467,8 +468,9 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
             if code2 == cp_model.MODEL_INVALID:
                 raise RuntimeError(f"internal: CP-SAT rejects the tie-break model: {m2.Validate()[:300]}")
             if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                point = lm.decode(lambda v: s2.BooleanValue(twin(v)))
-        sizes = sizes_of(tables, wus, point) if points else {}
+                tied = lm.decode(lambda v: s2.BooleanValue(twin(v)))
+                if tied != point:  # an equal-time twin: its memory is its own
+                    point, sizes = tied, sizes_of(tables, wus, tied) if points else {}
         mem, at = peak_of(points, sizes) if points else (0, 0)
         if status == "FEASIBLE" and not state["fit_known"] and in_time:  # a probe's incumbent
             if mem <= limit:  # it fits: its objective bounds every optimum

@@ -108,7 +108,7 @@ class Tables:
                 op = graph.op(name)
                 key = (c.signature, self.views.op(op), self.regions.op_region(name),
                        self.regions.tensor_region(name), tuple(self.regions.tensor_region(i) for i in op.inputs),
-                       domain_of(op), self._overlaps(op))
+                       domain_of(op), self.overlap.flags(op))
                 if key in classes:
                     classes[key][1] += op.multiplicity
                 else:
@@ -147,11 +147,6 @@ class Tables:
         return tuple(tuple(sorted(tuple(i for i, ax in enumerate(a) if m in ax) for m in sym))
                      for sym in self.symmetric)
 
-    def _overlaps(self, op: Op) -> tuple:
-        """How the op's collectives may overlap and whether it is independent work
-        (:meth:`~autolayout.costmodel.overlap.Overlap.flags`)."""
-        return self.overlap.flags(op)
-
     def cost_signature(self, op: Op) -> tuple:
         """What an op's priced plan depends on besides its dims' axes: equal for ops that cost
         the same under the same assignment (op signature, regions, overlap)."""
@@ -163,7 +158,7 @@ class Tables:
             view = self.space.order(self.views.op(op))
             regs = (self.regions.op_region(op.name), self.regions.tensor_region(op.name),
                     tuple(self.regions.tensor_region(i) for i in op.inputs))
-            hit = self._sig[op.name] = ((op.signature(), view, regs, self._overlaps(op)), view)
+            hit = self._sig[op.name] = ((op.signature(), view, regs, self.overlap.flags(op)), view)
         return hit
 
     def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
