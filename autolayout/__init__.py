@@ -30,7 +30,7 @@ from __future__ import annotations
 from autolayout import models
 from autolayout.core import Dim, Layout, LayoutError, Mesh, Shape
 from autolayout.costmodel import Cost, Hardware, Link, get_hardware, known_hardware, predict
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.exec import Execution, calibrate, execute
 from autolayout.graph import Graph, Op, ParamRole, Tensor
 from autolayout.trace import TraceError, named, trace

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.models import MODELS
 from autolayout.reporting.model_spec import OneLineParser
 from autolayout.version import __version__
@@ -44,7 +44,7 @@ def _layout(text: str) -> Any:
 
 
 def _hardware(text: str) -> Any:
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
     try:
         return get_hardware(text)
     except OSError as exc:
@@ -352,7 +352,7 @@ def _hardware_text(hw: Any) -> str:
 
 
 def _run_hardware(args: argparse.Namespace) -> int:
-    from autolayout.costmodel.hardware import PROFILES
+    from autolayout.costmodel.profiles import PROFILES
     from autolayout.reporting.fmt import fmt_bytes, text_table
 
     if args.name is not None:

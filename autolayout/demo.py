@@ -169,7 +169,7 @@ def section_calibrate(demo: Demo) -> None:
     import jax
 
     from autolayout.costmodel.devices import hardware_for_device
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
     from autolayout.reporting.devices import devices_for
 
     mesh = Mesh.parse(demo.mesh)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autolayout import models  # noqa: E402
 from autolayout.costmodel import predict  # noqa: E402
-from autolayout.costmodel.hardware import SLOW_LINKS, get_hardware  # noqa: E402
+from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware  # noqa: E402
 from autolayout.reporting.published_runs import RUNS  # noqa: E402
 from autolayout.search import SearchError, search  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from autolayout import models
 from autolayout.costmodel import predict
-from autolayout.costmodel.hardware import SLOW_LINKS, get_hardware
+from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware
 from autolayout.reporting.published_runs import RUNS
 from autolayout.search import SearchError, search
 

@@ -12,7 +12,7 @@ from autolayout import models
 from autolayout.core import Layout
 from autolayout.costmodel import plan, predict
 from autolayout.costmodel.attention import attention_region, fuse_attention, kernel_graph
-from autolayout.costmodel.hardware import PROFILES, get_hardware
+from autolayout.costmodel.profiles import PROFILES, get_hardware
 from autolayout.costmodel.overlap import forward_ops
 from autolayout.graph import ON_CHIP
 from autolayout.search import enumerate_layouts, search

@@ -13,7 +13,8 @@ import pytest
 
 from autolayout import models
 from autolayout.costmodel.collectives import collective_time
-from autolayout.costmodel.hardware import IN_PROCESS, SWITCH, Hardware, Link, get_hardware
+from autolayout.costmodel.hardware import IN_PROCESS, SWITCH, Hardware, Link
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.predict import predict
 from autolayout.exec.calibrate import (CalibrationError, StepSample, fit_alpha_beta, fit_step_profile,
                                        nnls_relative, step_terms)

@@ -15,7 +15,8 @@ from autolayout.costmodel.collectives import (
     normalize_kind,
     reduce_scatter_time,
 )
-from autolayout.costmodel.hardware import Link, get_hardware
+from autolayout.costmodel.hardware import Link
+from autolayout.costmodel.profiles import get_hardware
 
 ICI = Link(bandwidth=1e11, latency=1e-6)  # ring, like a TPU torus axis
 NVL = Link(bandwidth=1e11, latency=1e-6, topology="switch")

@@ -582,6 +582,7 @@ def test_dot_operand_copies_priced_by_hand():
         assert math.isclose(on.compute_s - off.compute_s, extra, rel_tol=1e-12, abs_tol=1e-15)
         assert on.comm_s == off.comm_s
     assert [s.name for s in g.op("grad/w1").input_shapes[0]] == ["batch", "experts", "capacity", "d_ff"]
-    from autolayout.costmodel.hardware import Hardware, known_hardware
+    from autolayout.costmodel.hardware import Hardware
+    from autolayout.costmodel.profiles import known_hardware
     assert [n for n in known_hardware() if get_hardware(n).dot_operand_copies] == ["cpu"]
     assert Hardware.from_dict(hw.replace(dot_operand_copies=True).to_dict()).dot_operand_copies

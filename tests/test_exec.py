@@ -249,7 +249,8 @@ def test_hierarchical_all_reduce_is_lowered_as_planned(name, layout):
     # "node" crosses a slow link: a summing all-reduce over node and gpu runs as
     # reduce-scatter over gpu -> all-reduce over node -> all-gather over gpu, in the plan
     # and in the compiled HLO; the numbers equal the reference
-    from autolayout.costmodel.hardware import Link, get_hardware
+    from autolayout.costmodel.hardware import Link
+    from autolayout.costmodel.profiles import get_hardware
     cpu = get_hardware("cpu")
     hw = cpu.with_axis_link("node", Link(cpu.link.bandwidth / 10, cpu.link.latency, description="slower"))
     g = graph(name)

@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autolayout.costmodel.hardware import (
-    PROFILES,
-    SLOW_LINKS,
-    Hardware,
-    Link,
-    get_hardware,
-    known_hardware,
-    normalize_dtype,
-)
+from autolayout.costmodel.hardware import Hardware, Link, normalize_dtype
+
+from autolayout.costmodel.profiles import PROFILES, SLOW_LINKS, get_hardware, known_hardware
 
 GiB = 2**30
 

@@ -15,7 +15,8 @@ import pytest
 
 from autolayout import predict, trace
 from autolayout.core import Mesh
-from autolayout.costmodel.hardware import Hardware, get_hardware, known_hardware
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.profiles import get_hardware, known_hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import live_points, peak_of

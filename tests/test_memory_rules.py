@@ -22,7 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 from autolayout import models, predict
 from autolayout.core import Mesh
-from autolayout.costmodel.hardware import Hardware, get_hardware, known_hardware
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.profiles import get_hardware, known_hardware
 from autolayout.costmodel.memory import combined_reductions, copy_transient_bytes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts

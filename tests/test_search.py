@@ -16,7 +16,7 @@ import pytest
 from autolayout import models
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.attention import kernel_graph
-from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.predict import predict
 from autolayout.costmodel.overlap import domain_of, overlappable, split, step_time
 from autolayout.costmodel.rules import check_op, op_cost

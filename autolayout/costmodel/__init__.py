@@ -4,7 +4,8 @@
 runs; ``predict`` prices a plan; the search and the shard_map lowering use the
 same plan.
 """
-from autolayout.costmodel.hardware import Hardware, Link, get_hardware, known_hardware
+from autolayout.costmodel.hardware import Hardware, Link
+from autolayout.costmodel.profiles import get_hardware, known_hardware
 from autolayout.costmodel.placement import Placement, Step
 from autolayout.costmodel.plan import OpPlan, Plan, plan
 from autolayout.costmodel.predict import Cost, layouts_table, predict, price_plan

@@ -5,7 +5,7 @@ the q·k product, the masked and exponentiated scores and the probabilities to H
 of them for the backward pass and reads them back there. A fused kernel (FlashAttention, Dao
 et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
 Algorithms 1 and 2; the Pallas TPU kernels and cuDNN / FlashAttention-2 on GPUs,
-:data:`~autolayout.costmodel.hardware.SRC_FUSED_ATTENTION`) tiles them in on-chip memory:
+:data:`~autolayout.costmodel.profiles.SRC_FUSED_ATTENTION`) tiles them in on-chip memory:
 
 * no score-sized tensor is written to or read from HBM (the kernel reads q, k, v and writes
   the output and the softmax statistics);

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from autolayout.costmodel.hardware import PROFILES, Hardware
+from autolayout.costmodel.hardware import Hardware
+
+from autolayout.costmodel.profiles import PROFILES
 
 __all__ = ["DEVICE_KINDS", "UnknownDeviceError", "hardware_for_device"]
 

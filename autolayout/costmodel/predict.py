@@ -8,7 +8,8 @@ from typing import Any, Iterable
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE, Hardware, get_hardware
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import copy_transient_bytes, peak_memory, stored_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
@@ -96,7 +97,7 @@ def predict(graph: Graph, mesh: Any, layout: Any = None, *, hardware: Any = DEFA
     the peak of the tensors' local bytes by liveness (:mod:`~autolayout.costmodel.memory`).
 
     ``hardware`` is a profile name, :class:`~autolayout.costmodel.hardware.Hardware` or
-    JSON path; default :data:`~autolayout.costmodel.hardware.DEFAULT_HARDWARE` (``"tpu-v3"``).
+    JSON path; default :data:`~autolayout.costmodel.profiles.DEFAULT_HARDWARE` (``"tpu-v3"``).
 
     Example::
 

@@ -432,10 +432,10 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         # (autolayout.costmodel.dotcopy; benchmarks/einsum_layout.py measures the cost)
         dot_operand_copies=platform == "cpu",
         # XLA:CPU reduces a step's gradients together and relayouts reduce-scatter operands
-        # (costmodel/memory.py; hardware.SRC_CPU_GRADIENT_REDUCTIONS)
+        # (costmodel/memory.py; profiles.SRC_CPU_GRADIENT_REDUCTIONS)
         combines_gradient_reductions=platform == "cpu",
         reduce_scatter_copies=platform == "cpu",
-        # XLA:CPU runs half-precision dots in float32 (hardware.SRC_CPU_HALF_DOTS)
+        # XLA:CPU runs half-precision dots in float32 (profiles.SRC_CPU_HALF_DOTS)
         upcasts_half_dots=platform == "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),

@@ -11,7 +11,7 @@ import numpy as np
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.devices import hardware_for_device
-from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.plan import plan as make_plan
 from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo

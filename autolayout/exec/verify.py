@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from autolayout.core import LayoutError, Mesh
 from autolayout.costmodel.devices import hardware_for_device
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE, PROFILES, get_hardware
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE, PROFILES, get_hardware
 from autolayout.graph import Graph
 from autolayout.search import api
 from autolayout.search.api import SearchResult, Verified

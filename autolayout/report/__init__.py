@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.reporting.fmt import fmt_bytes, fmt_time, short_layout, spearman
 from autolayout.reporting.page import Cell
 
@@ -152,7 +152,7 @@ def collect(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT
             devices: Sequence[Any] | None = None) -> Report:
     """Predict, search and execute; everything :func:`write` needs (no files written)."""
     from autolayout.core import Mesh
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
     from autolayout.costmodel.predict import predict
     from autolayout.graph import require_graph
     from autolayout.reporting.progress import Progress
@@ -224,7 +224,7 @@ def _execute_all(rep: Report, measure_hardware: Any, repeats: int, progress: boo
 
 def _measure_hardware(rep: Report, measure_hardware: Any, devices: list) -> Any:
     from autolayout.costmodel.devices import hardware_for_device
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
 
     if measure_hardware is None:
         return hardware_for_device(devices[0])
@@ -491,7 +491,7 @@ def report(graph: Any, mesh: Any, layouts: Any = (), *, hardware: Any = DEFAULT_
         layouts: a layout, a list of layouts (strings or :class:`~autolayout.core.Layout`),
             ``(name, layout)`` pairs or a mapping name -> layout.
         hardware: the profile predictions are priced on (name, Hardware or JSON path);
-            default :data:`~autolayout.costmodel.hardware.DEFAULT_HARDWARE` (``"tpu-v3"``).
+            default :data:`~autolayout.costmodel.profiles.DEFAULT_HARDWARE` (``"tpu-v3"``).
         execute: also run each layout on the local devices (``autolayout.execute``: compile,
             run, compare outputs and collectives, time it) — the slow part; skipped with a
             note when the mesh has more devices than jax has. ``False``: predictions only.

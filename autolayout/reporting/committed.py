@@ -49,7 +49,7 @@ def table1_report(out: Path, hardware: str = "tpu-v3") -> Page:
     comp = df.comp_ratio
     # §8.6 reasons about Mesh-TF's schedule, where every all-reduce runs in line with compute
     # (Table 1 charges communication on top of computation): price it that way
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
     scaling = mlp_scaling(get_hardware(hardware).replace(async_collectives=False))
     two_d = scaling[scaling.layout_family.str.startswith("2-D")].sort_values("devices")
     dp = scaling[scaling.layout_family.str.startswith("data")].sort_values("devices")

@@ -59,7 +59,7 @@ def devices_for(n: int) -> tuple[list[Any] | None, str]:
 
 def platform_hardware(devices: list[Any]) -> Any:
     """The built-in profile for ``devices`` (``cpu`` for CPUs or when unknown)."""
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
 
     kind = str(getattr(devices[0], "device_kind", "")).lower() if devices else ""
     for key, name in (("h200", "h200"), ("h100", "h100"), ("v6", "tpu-v6e"), ("v5p", "tpu-v5p"),

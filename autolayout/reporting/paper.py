@@ -103,7 +103,7 @@ def paper_transformer(hardware: Any = "tpu-v2", layout: str = PAPER_LM_LAYOUT, m
                       graph: Any = None) -> PaperLM:
     """The §9 model on TPUv2 16x32 under the paper's layout: predicted step time and PFLOP/s."""
     from autolayout import models
-    from autolayout.costmodel.hardware import get_hardware
+    from autolayout.costmodel.profiles import get_hardware
     from autolayout.costmodel.predict import predict
 
     hw = get_hardware(hardware)

@@ -10,7 +10,7 @@ from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.attention import kernel_graph
-from autolayout.costmodel.hardware import DEFAULT_HARDWARE, get_hardware
+from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph, require_graph
 from autolayout.search.errors import Dominated, SearchError, SearchWarning
