@@ -9,7 +9,8 @@ import numpy as np
 from autolayout._dims import unboxed_path
 from autolayout._unify import _path_str, _Pending, _Val
 from autolayout.core import Dim
-from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor, identity_groups
+from autolayout.graph import Graph, Loop, Op, OutputSpec, Replay, Tensor
+from autolayout.schedule import identity_groups
 
 def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in_tree: Any,
            out_tree: Any, gname: str) -> Graph:

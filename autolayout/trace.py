@@ -28,7 +28,8 @@ from autolayout._build import _build
 from autolayout._dims import DimsError, leaf_dims, leaf_role, unboxed_path
 from autolayout._interpret import _Tracer, plain_dtype
 from autolayout._roles import param_roles
-from autolayout.core import LayoutError, _check_name
+from autolayout.core import LayoutError
+from autolayout.mesh import check_name
 from autolayout._unify import NAME_TAG, TraceError, _path_str, _Pending
 from autolayout.graph import Graph
 
@@ -60,7 +61,7 @@ def named(x: Any, dims: str | Sequence[str] | None = None, *, name: str | None =
 
 def _check_dim_name(name: str, where: str) -> None:
     try:
-        _check_name(name, "dim name")
+        check_name(name, "dim name")
     except LayoutError as exc:
         raise TraceError(f"{where}: {exc} (those characters separate dims and mesh axes in layouts)") from exc
 

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import autolayout
 import autolayout.core
+import autolayout.mesh
 from autolayout import Dim, Layout, LayoutError, Mesh
 from autolayout import cli
 
@@ -434,7 +435,7 @@ def test_errors_are_value_errors():
 
 
 def test_docstring_examples():
-    for module in (autolayout.core, autolayout):
+    for module in (autolayout.core, autolayout.mesh, autolayout):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
 

@@ -50,7 +50,8 @@ from autolayout.costmodel.regions import EMPTY as EMPTY_REGIONS
 from autolayout.costmodel.regions import NORM, Regions, region_axes, regions
 from autolayout.costmodel.storage import (BOUNDARY, REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
                                           storage_shards)
-from autolayout.graph import Graph, Op, identity_groups
+from autolayout.graph import Graph, Op
+from autolayout.schedule import identity_groups
 
 __all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of",
            "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]

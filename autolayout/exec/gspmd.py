@@ -1,7 +1,7 @@
 """The ``gspmd`` backend: the graph's reference interpreter under ``jax.jit`` with sharding constraints.
 
 Global arrays flow through the graph's positional replays (the
-:class:`~autolayout.graph.Reference` interpreter of :meth:`Graph.evaluate`, on
+:class:`~autolayout.schedule.Reference` interpreter of :meth:`Graph.evaluate`, on
 the same schedule walker; scans as ``lax.scan``) and every op output gets
 ``with_sharding_constraint(x, NamedSharding(mesh, spec))`` with the spec of the
 placement the plan stores it in (a flattened update shard is constrained to its
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from autolayout.costmodel.plan import Plan
 from autolayout.exec.lower import partition_spec
-from autolayout.graph import Reference, run_schedule
+from autolayout.schedule import Reference, run_schedule
 
 __all__ = ["gspmd_body", "gspmd_spec"]
 

@@ -33,7 +33,7 @@ import numpy as np
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER, Conversion, Moves, Placement
 from autolayout.costmodel.plan import LoweringError
 from autolayout.costmodel.rules import phases
-from autolayout.graph import align
+from autolayout.schedule import align
 
 
 

@@ -5,7 +5,7 @@ The program executes a :class:`~autolayout.costmodel.plan.Plan` — the same pla
 the placement the plan says (executing the planned conversions), computes on
 local blocks (:mod:`autolayout.exec.local_ops`), and reduces or converts its
 output into the placement the plan stores it in. Scans run as ``lax.scan`` via
-the graph's one schedule walker (:func:`autolayout.graph.run_schedule`).
+the graph's one schedule walker (:func:`autolayout.schedule.run_schedule`).
 
 Value convention inside the program: ``env[name]`` is the *local* block of
 tensor ``name`` in its stored placement: the tensor's dims in its own order,
@@ -24,7 +24,8 @@ from autolayout.core import Mesh
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.plan import Plan
 from autolayout.exec.local_ops import LocalOps, LoweringError, vma
-from autolayout.graph import Interpreter, Loop, Op, align, rename_align
+from autolayout.graph import Loop, Op
+from autolayout.schedule import Interpreter, rename_align
 
 __all__ = ["ShardProgram", "LoweringError", "partition_spec"]
 
@@ -103,7 +104,7 @@ class ShardProgram(Interpreter, LocalOps):
     # ------------------------------------------------------------- program
     def body(self, *leaves: Any) -> tuple:
         """The shard_map body: local input blocks in, local output blocks out."""
-        from autolayout.graph import run_schedule
+        from autolayout.schedule import run_schedule
 
         env: dict[str, Any] = {}
         for name, leaf in zip(self.g.input_names, leaves):

@@ -15,7 +15,7 @@ from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.plan import plan as make_plan
 from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
-from autolayout.graph import Graph, align, require_graph
+from autolayout.graph import Graph, require_graph
 
 __all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS", "jax_mesh"]
 
