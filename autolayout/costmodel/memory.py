@@ -65,8 +65,9 @@ the bfloat16 operands of a contraction and an einsum's result in float32 buffers
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from functools import lru_cache
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from autolayout.core import Mesh
 from autolayout.costmodel.dotcopy import operand_copy_elements
@@ -78,7 +79,7 @@ from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
            "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes", "operand_copy_bytes",
-           "copy_transient_bytes"]
+           "copy_transient_bytes", "whole_call_outputs", "output_placement", "unplaced_output_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -440,6 +441,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     held = held or {}
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
+    whole = _output_peak(graph, size, temps, held, units, alloc, free)  # outputs allocated for the whole call
+    if whole is not None:
+        return whole
     waiting = _waiting(combined.get(None), units, held)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
@@ -503,3 +507,114 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
             best, best_at = total, i
     return (best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None),
             best_at)
+
+
+def whole_call_outputs(graph: Graph) -> frozenset[str]:
+    """The step's outputs that XLA allocates for the whole call (:func:`output_placement`): every
+    output tensor that is not an argument passed through and does not reuse a donated
+    argument's buffer (``graph.donated``: XLA writes it over that argument, ``alias``)."""
+    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
+    reusing = set(getattr(graph, "donated", {}))
+    return frozenset(s.tensor for s in graph.outputs if s.tensor and s.tensor not in args | reusing)
+
+
+def output_placement(temps: Sequence[int], free_outputs: Sequence[int]) -> tuple[int | None, ...]:
+    """Where XLA can hold each temporary live at one point (their bytes ``temps``) among the output
+    allocations not yet written there (their bytes ``free_outputs``): the index of the allocation
+    in ``free_outputs``, or None (the temp heap). One each, largest first, each into the smallest
+    free allocation at least its size.
+
+    XLA allocates every output of the step (:func:`whole_call_outputs`) for the whole call and
+    reuses an output's allocation for temporaries that die before the output is written:
+    ``BufferAssigner::AssignBuffersForComputations`` sorts the buffers largest first and
+    ``AssignSingleHloBuffer`` puts each into "the smallest buffer which can be reused"
+    (``MaybeAssignBuffer``: the allocation at least the buffer's size, with nothing already
+    assigned to it live at the same time), before deferring it to the temp heap
+    (openxla/xla ``xla/service/buffer_assignment.cc``). Such an allocation holds each buffer at
+    offset 0, so at any point it holds at most one live temporary, of at most its size; the
+    rest of the live temporaries are in the temp heap. Largest first into the smallest that
+    fits is XLA's order, and holds the most bytes of any such placement (whether a temporary
+    fits an allocation is nested by size). Taken point by point, as the most XLA can reuse
+    there: XLA places each buffer once for its whole life, which may hold less (a lower bound
+    on XLA's figure, given the model's buffers)."""
+    free = sorted((b, k) for k, b in enumerate(free_outputs) if b > 0)
+    placed: list[int | None] = [None] * len(temps)
+    for k in sorted(range(len(temps)), key=lambda k: -temps[k]):
+        if temps[k] <= 0 or not free:
+            continue
+        at = bisect_left(free, (temps[k], -1))  # the smallest free allocation at least its size
+        if at < len(free):
+            placed[k] = free.pop(at)[1]
+    return tuple(placed)
+
+
+def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int]) -> int:
+    """The bytes the output allocations not yet written (``free_outputs``) add to a point's peak
+    beyond what liveness counts there (the live ``temps``): their size less the temporaries they
+    hold (:func:`output_placement`). ``predict`` (:func:`peak_memory`) and the search
+    (``search.liveness.peak_of``) both add this at every point (one rule)."""
+    placed = output_placement(temps, free_outputs)
+    return int(sum(free_outputs) - sum(t for t, p in zip(temps, placed) if p is not None))
+
+
+def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
+                 units, alloc: Mapping[str, int], free: Mapping[str, int]) -> tuple[int, dict] | None:
+    """:func:`peak_memory` where the step has outputs allocated for the whole call
+    (:func:`whole_call_outputs`): at every point (a top-level unit, or a position in a scan's
+    body), the bytes live there (as the sweep counts them: tensors, the running op's transient
+    bytes, held bytes waiting for their combined reduction) plus :func:`unplaced_output_bytes` of
+    the outputs not yet written there. The points are those of ``search.liveness.live_points``.
+    None when no output takes bytes of its own."""
+    outs = whole_call_outputs(graph)
+    written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
+    if not written:
+        return None
+    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
+    combined = combined_reductions(graph)
+    best: tuple[int, list, list, list, list] | None = None  # (total, names, extras, free outputs, placed)
+
+    def point(i: int, names: list, extras: list[tuple[str, int]]) -> None:
+        nonlocal best
+        free_outs = [o for o, at in written.items() if at > i]
+        buffers = [size[n] for n in names if n not in args and n not in outs] + [b for _, b in extras]
+        total = (sum(size[n] for n in names) + sum(b for _, b in extras)
+                 + unplaced_output_bytes(buffers, [size[o] for o in free_outs]))
+        if best is None or total > best[0]:
+            best = (total, names, extras, free_outs, buffers)
+
+    for i, u in enumerate(units):
+        live = [n for n in alloc if alloc[n] <= i <= free[n]]
+        if not isinstance(u, Loop):
+            point(i, live, [("transient", temps.get(u, 0))] + _held_at(combined.get(None), units, i, held))
+            continue
+        order, last = body_lifetimes(graph, u)
+        if not u.body:
+            point(i, live, [])
+        group = combined.get(u.name)
+        for j, op in enumerate(u.body):
+            body = [n for n in u.body if order[n] <= j <= last[n]]
+            point(i, live + body, [("transient", temps.get(op, 0))] + _held_at(group, u.body, j, held))
+    total, names, extras, free_outs, buffers = best
+    category = _categories(graph)
+    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
+    for n in names:
+        breakdown[category[n]] += size[n]
+    for _, b in extras:
+        breakdown["transient"] += b
+    # each output allocation not yet written counts what the temporaries it holds leave of it
+    left = [size[o] for o in free_outs]
+    for b, k in zip(buffers, output_placement(buffers, left)):
+        if k is not None:
+            left[k] -= b
+    for o, b in zip(free_outs, left):
+        breakdown[category[o]] += b
+    return max(total, 0), breakdown
+
+
+def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
+             held: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The held bytes of a computation's gradient-reducing ops waiting at position ``i`` (its
+    combined reduction's), one buffer each (:func:`_waiting` sums them)."""
+    if group is None or group[0] != i:
+        return []
+    return [("held", held.get(o, 0)) for o in group[1] if o != units[i]]
