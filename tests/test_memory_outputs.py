@@ -1,4 +1,4 @@
-"""Outputs allocated for the whole call (memory.whole_call_outputs, memory.output_placement): XLA
+"""Outputs allocated for the whole call (costmodel/outputs.py: whole_call_outputs, output_placement): XLA
 allocates a step's outputs for the whole call and holds a temporary that dies before an output is
 written in that output's allocation where it fits (at most its size), the rest in the temp heap.
 Checked against XLA:CPU's memory_analysis of hand-built jitted functions and by hand."""
@@ -10,7 +10,7 @@ import pytest
 
 from autolayout import predict, trace
 from autolayout.costmodel.hardware import get_hardware
-from autolayout.costmodel.memory import output_placement, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.search.liveness import live_peak_of, live_points, peak_of
 
 CPU = get_hardware("cpu")

@@ -128,7 +128,7 @@ def test_dot_operand_copy_held_at_the_dot_by_hand(outlives):
     with_copy = predict(g, "data:1", "", hardware=CPU).memory_bytes
     without = predict(g, "data:1", "", hardware=CPU.replace(dot_operand_copies=False)).memory_bytes
     if outlives:  # at the dot: x, h, its copy and y (32 KiB each), w (16 KiB) and the f32[] output's
-        # allocation, not yet written there (XLA allocates it for the whole call: memory.output_placement)
+        # allocation, not yet written there (XLA allocates it for the whole call: costmodel/outputs.py)
         assert with_copy == 4 * COPY_B * COPY_E * COPY_D * F32 + COPY_E * COPY_D * COPY_D * F32 + F32 > without
     else:
         assert with_copy == without
@@ -248,7 +248,7 @@ def test_residual_stream_is_written_into_the_loop_state():
     buffer assignment), so they take no memory of their own (memory.loop_state_chain). Against
     XLA's peak of live bytes (benchmarks/xla_live.py, from the compiled program's buffer
     assignment) with its output allocations idle there (the logits' allocation, not yet written,
-    which the model counts too: memory.unplaced_output_bytes) on the transformer_lm forward scan:
+    which the model counts too: outputs.unplaced_output_bytes) on the transformer_lm forward scan:
     within 10% (1.045; 1.142 when each residual add counts a buffer of its own)."""
     import sys
     import tempfile

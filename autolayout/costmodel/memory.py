@@ -8,18 +8,21 @@ holds the two side by side):
 
 * arguments (inputs, parameters, optimizer state) are live for the whole step: the
   caller owns their buffers;
-* outputs from their producer to the end. XLA allocates the result buffers for the
-  whole call and puts earlier temporaries into them (its buffer assignment takes buffers
-  largest first and puts each temporary into the smallest output allocation at least its
-  size holding nothing live at the same time; the rest share the temp heap; XLA's
-  buffer-assignment dumps, ``--xla_dump_to``); counting an output only once it is written
-  assumes that reuse is complete, which holds where activations are no larger than the
-  outputs (data-parallel layouts). Steps that do not donate their updated parameters and
-  optimizer state and hold larger activations are under-predicted by up to 30% because of
-  it. The greedy itself is not used: run on this model's tensors (not XLA's fused buffers)
-  it gives 40 against 45 of ``benchmarks/memory_vs_xla.py``'s 58 non-donated layouts within
-  10% (counting outputs for the whole call: 39), and which temporaries fit depends on the
-  layout, which the search's fixed linear memory rows (``search/liveness.py``) cannot hold.
+* outputs from their producer to the end; and before it, their allocations. XLA allocates
+  the result buffers for the whole call and puts earlier temporaries into them (its buffer
+  assignment takes buffers largest first and puts each temporary into the smallest output
+  allocation at least its size holding nothing live at the same time; the rest share the temp
+  heap; XLA's buffer-assignment dumps, ``--xla_dump_to``). At every point the model counts the
+  outputs not yet written at their full size less the live temporaries they can hold there, one
+  each, largest first into the smallest that fits (``costmodel/outputs.py``:
+  ``output_placement``, ``unplaced_output_bytes``): nothing where the temporaries fill them (activations no larger
+  than the outputs: data-parallel layouts), the idle allocations where activations are larger
+  (a step that does not donate its updated parameters and optimizer state, replicated or
+  model-parallel). Point by point, that is the most XLA can reuse there (a lower bound on its
+  figure, given the model's buffers): ``benchmarks/memory_vs_xla.py`` 60 -> 67 of 76 layouts
+  within 10%, none leaving. It is not linear in the layout (which temporary fits which output
+  depends on their local sizes): the search's rows hold the live sums and its solver cuts off a
+  layout that meets them but not this (``search/liveness.py``, ``search/solver.py``).
   An output that reuses a donated argument's buffer (``graph.donated``, as
   ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``);
 * every other tensor lives from its producer to the last op that reads it from memory
@@ -65,13 +68,13 @@ the bfloat16 operands of a contraction and an einsum's result in float32 buffers
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from functools import lru_cache
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from autolayout.core import Mesh
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.storage import gradient_walk
@@ -79,7 +82,7 @@ from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
            "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes", "operand_copy_bytes",
-           "copy_transient_bytes", "whole_call_outputs", "output_placement", "unplaced_output_bytes"]
+           "copy_transient_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -509,60 +512,12 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
             best_at)
 
 
-def whole_call_outputs(graph: Graph) -> frozenset[str]:
-    """The step's outputs that XLA allocates for the whole call (:func:`output_placement`): every
-    output tensor that is not an argument passed through and does not reuse a donated
-    argument's buffer (``graph.donated``: XLA writes it over that argument, ``alias``)."""
-    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
-    reusing = set(getattr(graph, "donated", {}))
-    return frozenset(s.tensor for s in graph.outputs if s.tensor and s.tensor not in args | reusing)
-
-
-def output_placement(temps: Sequence[int], free_outputs: Sequence[int]) -> tuple[int | None, ...]:
-    """Where XLA can hold each temporary live at one point (their bytes ``temps``) among the output
-    allocations not yet written there (their bytes ``free_outputs``): the index of the allocation
-    in ``free_outputs``, or None (the temp heap). One each, largest first, each into the smallest
-    free allocation at least its size.
-
-    XLA allocates every output of the step (:func:`whole_call_outputs`) for the whole call and
-    reuses an output's allocation for temporaries that die before the output is written:
-    ``BufferAssigner::AssignBuffersForComputations`` sorts the buffers largest first and
-    ``AssignSingleHloBuffer`` puts each into "the smallest buffer which can be reused"
-    (``MaybeAssignBuffer``: the allocation at least the buffer's size, with nothing already
-    assigned to it live at the same time), before deferring it to the temp heap
-    (openxla/xla ``xla/service/buffer_assignment.cc``). Such an allocation holds each buffer at
-    offset 0, so at any point it holds at most one live temporary, of at most its size; the
-    rest of the live temporaries are in the temp heap. Largest first into the smallest that
-    fits is XLA's order, and holds the most bytes of any such placement (whether a temporary
-    fits an allocation is nested by size). Taken point by point, as the most XLA can reuse
-    there: XLA places each buffer once for its whole life, which may hold less (a lower bound
-    on XLA's figure, given the model's buffers)."""
-    free = sorted((b, k) for k, b in enumerate(free_outputs) if b > 0)
-    placed: list[int | None] = [None] * len(temps)
-    for k in sorted(range(len(temps)), key=lambda k: -temps[k]):
-        if temps[k] <= 0 or not free:
-            continue
-        at = bisect_left(free, (temps[k], -1))  # the smallest free allocation at least its size
-        if at < len(free):
-            placed[k] = free.pop(at)[1]
-    return tuple(placed)
-
-
-def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int]) -> int:
-    """The bytes the output allocations not yet written (``free_outputs``) add to a point's peak
-    beyond what liveness counts there (the live ``temps``): their size less the temporaries they
-    hold (:func:`output_placement`). ``predict`` (:func:`peak_memory`) and the search
-    (``search.liveness.peak_of``) both add this at every point (one rule)."""
-    placed = output_placement(temps, free_outputs)
-    return int(sum(free_outputs) - sum(t for t, p in zip(temps, placed) if p is not None))
-
-
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int]) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
-    (:func:`whole_call_outputs`): at every point (a top-level unit, or a position in a scan's
+    (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
-    bytes, held bytes waiting for their combined reduction) plus :func:`unplaced_output_bytes` of
+    bytes, held bytes waiting for their combined reduction) plus ``outputs.unplaced_output_bytes`` of
     the outputs not yet written there. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)

@@ -14,8 +14,8 @@ point's live tensors instead of summing them. Points:
   values and values used outside the body live for the whole iteration).
 
 Where the step has outputs that XLA allocates for the whole call
-(``memory.whole_call_outputs``), a point's bytes are its live bytes plus
-``memory.unplaced_output_bytes`` of the outputs not yet written there (their allocations
+(``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
+``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
 less the live temporaries they can hold): :func:`peak_of`. That term is not linear in the
 layout (which temporary fits which allocation depends on their local sizes), so the
 search's rows are the live sums alone (:func:`live_peak_of`, a lower bound of it at every
@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autolayout.costmodel.memory import (body_lifetimes, combined_reductions, lifetimes, unplaced_output_bytes,
-                                         whole_call_outputs)
+from autolayout.costmodel.memory import body_lifetimes, combined_reductions, lifetimes
+from autolayout.costmodel.outputs import unplaced_output_bytes, whole_call_outputs
 from autolayout.graph import Graph, Loop
 
-__all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held", "op_of"]
+__all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
+           "op_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -124,7 +125,7 @@ def _body_live_sets(graph: Graph, lp: Loop, group: tuple[int, tuple[str, ...]] |
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
     """``(peak bytes, index of the first point reaching it)`` for per-tensor ``size``: at each
     point its live bytes plus, where ``points`` are :class:`LivePoints` with outputs allocated
-    for the whole call, ``memory.unplaced_output_bytes`` of those not live there (not yet
+    for the whole call, ``outputs.unplaced_output_bytes`` of those not live there (not yet
     written), as ``predict`` counts them."""
     outputs = getattr(points, "outputs", frozenset())
     if not outputs:
