@@ -80,6 +80,20 @@ class LivePoints(list):
         super().__init__(points)
         self.outputs = outputs
         self.arguments = arguments
+        self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+
+    def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Per point, ``(temporaries, outputs not yet written)``: its names that are neither
+        arguments nor outputs, and the outputs it does not list (computed once)."""
+        if self._split is None:
+            skip = self.outputs | self.arguments
+            outputs = sorted(self.outputs)
+            self._split = []
+            for names in self:
+                here = set(names)
+                self._split.append((tuple(n for n in names if n not in skip),
+                                    tuple(o for o in outputs if o not in here)))
+        return self._split
 
 
 def live_points(graph: Graph) -> LivePoints:
@@ -130,13 +144,12 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
     outputs = getattr(points, "outputs", frozenset())
     if not outputs:
         return live_peak_of(points, size)
-    skip = outputs | points.arguments
     best, at = -1, 0
-    for i, names in enumerate(points):
-        here = set(names)
+    for i, (names, (temps, free)) in enumerate(zip(points, points.split())):
         total = sum(size.get(n, 0) for n in names)
-        total += unplaced_output_bytes([size.get(n, 0) for n in names if n not in skip],
-                                       [size.get(o, 0) for o in outputs if o not in here])
+        free_bytes = [size.get(o, 0) for o in free]
+        if any(free_bytes):
+            total += unplaced_output_bytes([size.get(n, 0) for n in temps], free_bytes)
         if total > best:
             best, at = total, i
     return max(best, 0), at
