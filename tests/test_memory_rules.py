@@ -128,8 +128,9 @@ def test_dot_operand_copy_held_at_the_dot_by_hand(outlives):
     assert op_cost(dot, {}, one, CPU.replace(dot_operand_copies=False)).operand_copy_bytes == ()
     with_copy = predict(g, "data:1", "", hardware=CPU).memory_bytes
     without = predict(g, "data:1", "", hardware=CPU.replace(dot_operand_copies=False)).memory_bytes
-    if outlives:  # at the dot: x, h, its copy and y (32 KiB each) and w (16 KiB)
-        assert with_copy == 4 * COPY_B * COPY_E * COPY_D * F32 + COPY_E * COPY_D * COPY_D * F32 > without
+    if outlives:  # at the dot: x, h, its copy and y (32 KiB each), w (16 KiB) and the f32[] output's
+        # allocation, not yet written there (XLA allocates it for the whole call: costmodel/outputs.py)
+        assert with_copy == 4 * COPY_B * COPY_E * COPY_D * F32 + COPY_E * COPY_D * COPY_D * F32 + F32 > without
     else:
         assert with_copy == without
 
@@ -247,8 +248,9 @@ def test_residual_stream_is_written_into_the_loop_state():
     value, ending in the next carry) into the loop state's buffer (one allocation and offset in its
     buffer assignment), so they take no memory of their own (memory.loop_state_chain). Against
     XLA's peak of live bytes (benchmarks/xla_live.py, from the compiled program's buffer
-    assignment) on the transformer_lm forward scan: within 10% (1.157 when each residual add
-    counts a buffer of its own)."""
+    assignment) with its output allocations idle there (the logits' allocation, not yet written,
+    which the model counts too: outputs.unplaced_output_bytes) on the transformer_lm forward scan:
+    within 10% (1.045; 1.142 when each residual add counts a buffer of its own)."""
     import sys
     import tempfile
     from pathlib import Path
@@ -273,5 +275,6 @@ def test_residual_stream_is_written_into_the_loop_state():
         ex = execute(g, MESH, "batch:data;heads:model;d_ff:model", args=models.example_args(g), repeats=1,
                      reference=False, compiler_options={"xla_backend_optimization_level": 0, "xla_dump_to": dump,
                                                         "xla_dump_hlo_as_text": True})
-        live = live_peak(dump)["live_bytes"]
-    assert abs(ex.predicted.memory_bytes / live - 1) <= 0.10, (ex.predicted.memory_bytes, live)
+        parts = live_peak(dump)
+    live = parts["live_bytes"] + parts["idle_output_bytes"]
+    assert abs(ex.predicted.memory_bytes / live - 1) <= 0.10, (ex.predicted.memory_bytes, parts)

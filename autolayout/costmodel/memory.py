@@ -8,18 +8,21 @@ holds the two side by side):
 
 * arguments (inputs, parameters, optimizer state) are live for the whole step: the
   caller owns their buffers;
-* outputs from their producer to the end. XLA allocates the result buffers for the
-  whole call and puts earlier temporaries into them (its buffer assignment takes buffers
-  largest first and puts each temporary into the smallest output allocation at least its
-  size holding nothing live at the same time; the rest share the temp heap; XLA's
-  buffer-assignment dumps, ``--xla_dump_to``); counting an output only once it is written
-  assumes that reuse is complete, which holds where activations are no larger than the
-  outputs (data-parallel layouts). Steps that do not donate their updated parameters and
-  optimizer state and hold larger activations are under-predicted by up to 30% because of
-  it. The greedy itself is not used: run on this model's tensors (not XLA's fused buffers)
-  it gives 40 against 45 of ``benchmarks/memory_vs_xla.py``'s 58 non-donated layouts within
-  10% (counting outputs for the whole call: 39), and which temporaries fit depends on the
-  layout, which the search's fixed linear memory rows (``search/liveness.py``) cannot hold.
+* outputs from their producer to the end; and before it, their allocations. XLA allocates
+  the result buffers for the whole call and puts earlier temporaries into them (its buffer
+  assignment takes buffers largest first and puts each temporary into the smallest output
+  allocation at least its size holding nothing live at the same time; the rest share the temp
+  heap; XLA's buffer-assignment dumps, ``--xla_dump_to``). At every point the model counts the
+  outputs not yet written at their full size less the live temporaries they can hold there, one
+  each, largest first into the smallest that fits (``costmodel/outputs.py``:
+  ``output_placement``, ``unplaced_output_bytes``): nothing where the temporaries fill them (activations no larger
+  than the outputs: data-parallel layouts), the idle allocations where activations are larger
+  (a step that does not donate its updated parameters and optimizer state, replicated or
+  model-parallel). Point by point, that is the most XLA can reuse there (a lower bound on its
+  figure, given the model's buffers): ``benchmarks/memory_vs_xla.py`` 60 -> 67 of 76 layouts
+  within 10%, none leaving. It is not linear in the layout (which temporary fits which output
+  depends on their local sizes): the search's rows hold the live sums and its solver cuts off a
+  layout that meets them but not this (``search/liveness.py``, ``search/solver.py``).
   An output that reuses a donated argument's buffer (``graph.donated``, as
   ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``);
 * every other tensor lives from its producer to the last op that reads it from memory
@@ -71,6 +74,7 @@ from typing import Mapping
 from autolayout.core import Mesh
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.storage import gradient_walk
@@ -440,6 +444,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     held = held or {}
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
+    whole = _output_peak(graph, size, temps, held, units, alloc, free)  # outputs allocated for the whole call
+    if whole is not None:
+        return whole
     waiting = _waiting(combined.get(None), units, held)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
@@ -503,3 +510,66 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
             best, best_at = total, i
     return (best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None),
             best_at)
+
+
+def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
+                 units, alloc: Mapping[str, int], free: Mapping[str, int]) -> tuple[int, dict] | None:
+    """:func:`peak_memory` where the step has outputs allocated for the whole call
+    (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
+    body), the bytes live there (as the sweep counts them: tensors, the running op's transient
+    bytes, held bytes waiting for their combined reduction) plus ``outputs.unplaced_output_bytes`` of
+    the outputs not yet written there. The points are those of ``search.liveness.live_points``.
+    None when no output takes bytes of its own."""
+    outs = whole_call_outputs(graph)
+    written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
+    if not written:
+        return None
+    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
+    combined = combined_reductions(graph)
+    best: tuple[int, list, list, list, list] | None = None  # (total, names, extras, free outputs, placed)
+
+    def point(i: int, names: list, extras: list[tuple[str, int]]) -> None:
+        nonlocal best
+        free_outs = [o for o, at in written.items() if at > i]
+        buffers = [size[n] for n in names if n not in args and n not in outs] + [b for _, b in extras]
+        total = (sum(size[n] for n in names) + sum(b for _, b in extras)
+                 + unplaced_output_bytes(buffers, [size[o] for o in free_outs]))
+        if best is None or total > best[0]:
+            best = (total, names, extras, free_outs, buffers)
+
+    for i, u in enumerate(units):
+        live = [n for n in alloc if alloc[n] <= i <= free[n]]
+        if not isinstance(u, Loop):
+            point(i, live, [("transient", temps.get(u, 0))] + _held_at(combined.get(None), units, i, held))
+            continue
+        order, last = body_lifetimes(graph, u)
+        if not u.body:
+            point(i, live, [])
+        group = combined.get(u.name)
+        for j, op in enumerate(u.body):
+            body = [n for n in u.body if order[n] <= j <= last[n]]
+            point(i, live + body, [("transient", temps.get(op, 0))] + _held_at(group, u.body, j, held))
+    total, names, extras, free_outs, buffers = best
+    category = _categories(graph)
+    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
+    for n in names:
+        breakdown[category[n]] += size[n]
+    for _, b in extras:
+        breakdown["transient"] += b
+    # each output allocation not yet written counts what the temporaries it holds leave of it
+    left = [size[o] for o in free_outs]
+    for b, k in zip(buffers, output_placement(buffers, left)):
+        if k is not None:
+            left[k] -= b
+    for o, b in zip(free_outs, left):
+        breakdown[category[o]] += b
+    return max(total, 0), breakdown
+
+
+def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
+             held: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The held bytes of a computation's gradient-reducing ops waiting at position ``i`` (its
+    combined reduction's), one buffer each (:func:`_waiting` sums them)."""
+    if group is None or group[0] != i:
+        return []
+    return [("held", held.get(o, 0)) for o in group[1] if o != units[i]]

@@ -13,11 +13,20 @@ point's live tensors instead of summing them. Points:
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
 
+Where the step has outputs that XLA allocates for the whole call
+(``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
+``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
+less the live temporaries they can hold): :func:`peak_of`. That term is not linear in the
+layout (which temporary fits which allocation depends on their local sizes), so the
+search's rows are the live sums alone (:func:`live_peak_of`, a lower bound of it at every
+point) and ``search/solver.py`` cuts off a layout that meets them but not :func:`peak_of`
+(a no-good cut: exact, one layout at a time).
+
 The point where a computation reduces its gradients together also lists the
 :func:`held` bytes of its other gradient-reducing ops
 (``memory.combined_reductions``, ``memory.held_bytes``: 0 on hardware that does not).
 
-``peak_memory(graph, mesh, axes_of, shrink)[0] == max(Σ sizes over point)``
+``peak_memory(graph, mesh, axes_of, shrink)[0] == peak_of(points, sizes)[0]``
 for every layout; ``tests/test_search.py`` checks this against the cost model.
 """
 from __future__ import annotations
@@ -25,9 +34,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.memory import body_lifetimes, combined_reductions, lifetimes
+from autolayout.costmodel.outputs import unplaced_output_bytes, whole_call_outputs
 from autolayout.graph import Graph, Loop
 
-__all__ = ["live_points", "peak_of", "transient", "is_transient", "held", "is_held", "op_of"]
+__all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
+           "op_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -59,7 +70,33 @@ def op_of(name: str) -> str:
     return name[len(_HELD if is_held(name) else _TRANSIENT):]
 
 
-def live_points(graph: Graph) -> list[tuple[str, ...]]:
+class LivePoints(list):
+    """The live sets of :func:`live_points` (a list of name tuples), with the graph's outputs
+    allocated for the whole call (``outputs``) and its arguments (``arguments``), which
+    :func:`peak_of` needs."""
+
+    def __init__(self, points: Sequence[tuple[str, ...]], outputs: frozenset[str] = frozenset(),
+                 arguments: frozenset[str] = frozenset()) -> None:
+        super().__init__(points)
+        self.outputs = outputs
+        self.arguments = arguments
+        self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+
+    def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Per point, ``(temporaries, outputs not yet written)``: its names that are neither
+        arguments nor outputs, and the outputs it does not list (computed once)."""
+        if self._split is None:
+            skip = self.outputs | self.arguments
+            outputs = sorted(self.outputs)
+            self._split = []
+            for names in self:
+                here = set(names)
+                self._split.append((tuple(n for n in names if n not in skip),
+                                    tuple(o for o in outputs if o not in here)))
+        return self._split
+
+
+def live_points(graph: Graph) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order."""
     units, alloc, free = lifetimes(graph)
@@ -82,7 +119,8 @@ def live_points(graph: Graph) -> list[tuple[str, ...]]:
             add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i))
         for body, op, waiting in bodies:
             add(live + body, op, waiting)
-    return points
+    args = frozenset(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state"))
+    return LivePoints(points, whole_call_outputs(graph), args)
 
 
 def _waiting(group: tuple[int, tuple[str, ...]] | None, units, i: int) -> tuple[str, ...]:
@@ -99,7 +137,28 @@ def _body_live_sets(graph: Graph, lp: Loop, group: tuple[int, tuple[str, ...]] |
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
-    """``(peak bytes, index of the first point reaching it)`` for per-tensor ``size``."""
+    """``(peak bytes, index of the first point reaching it)`` for per-tensor ``size``: at each
+    point its live bytes plus, where ``points`` are :class:`LivePoints` with outputs allocated
+    for the whole call, ``outputs.unplaced_output_bytes`` of those not live there (not yet
+    written), as ``predict`` counts them."""
+    outputs = getattr(points, "outputs", frozenset())
+    if not outputs:
+        return live_peak_of(points, size)
+    best, at = -1, 0
+    for i, (names, (temps, free)) in enumerate(zip(points, points.split())):
+        total = sum(size.get(n, 0) for n in names)
+        free_bytes = [size.get(o, 0) for o in free]
+        if any(free_bytes):
+            total += unplaced_output_bytes([size.get(n, 0) for n in temps], free_bytes)
+        if total > best:
+            best, at = total, i
+    return max(best, 0), at
+
+
+def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
+    """``(peak bytes, index of the first point reaching it)`` of the live sums alone (the
+    search's memory rows; a lower bound of :func:`peak_of` at every point, and monotone in
+    every tensor's bytes, so a sound floor from each tensor's least bytes)."""
     best, at = -1, 0
     for i, names in enumerate(points):
         total = sum(size.get(n, 0) for n in names)

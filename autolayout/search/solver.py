@@ -12,11 +12,16 @@ every assignment that alone would exceed it.
 (liveness.py). The model starts without memory rows; after each solve the
 solution's peak is computed point by point, and if it exceeds the limit the
 row of the point reaching the peak is added and the model re-solved, until the
-solution fits. Every row is a true constraint, so the first fitting solution
+solution fits. Where the step has outputs XLA allocates for the whole call, a
+point's peak adds the bytes of those not yet written beyond the temporaries they
+can hold, which is not linear in the layout (liveness.py): a solution that meets
+its rows' live sums but not that peak is cut off by itself (a no-good cut).
+Every row and cut is a true constraint, so the first fitting solution
 of the time-optimal relaxation is optimal for the full problem. If the model
 becomes infeasible, no layout fits: the smallest achievable peak is found by
-minimising memory (same lazy rows, objective ``M >= every row``) and reported
-in a :class:`SearchError`.
+minimising memory (same lazy rows, objective ``M >= every row``, and no-good
+cuts for layouts whose rows hold them below their peak) and reported in a
+:class:`SearchError`.
 
 **Tie-breaking (determinism).** CP-SAT with several workers may return any of
 several equal-cost optima. When the time solve is OPTIMAL, a second solve fixes
@@ -47,7 +52,7 @@ from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
-from autolayout.search.liveness import held, live_points, peak_of, transient
+from autolayout.search.liveness import held, live_peak_of, live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.wus import WusParam
@@ -478,7 +483,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 if state["upper"] is None:
                     state["upper"] = lm.units(point)
                     lm.prune(state["upper"])
-            elif not _add_rows(lm, sizes, points, at, limit):
+            elif not _add_rows(lm, sizes, points, at, limit, point):
                 return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
             hint = point
             continue
@@ -494,7 +499,7 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                 return f"the time limit came before the search found the {nth} that fits: {over}"
             return _warm_start(tables, wus, lm, warm, warm_fits, bound, memory_limit, peak, time_limit_s,
                                state["solve_s"], notes + [over])
-        if not _add_rows(lm, sizes, points, at, limit):
+        if not _add_rows(lm, sizes, points, at, limit, point):
             return _none_fits(tables, wus, memory_limit, state, left, workers, seed, first)
         hint = point
     nvar, ncons = lm.size()
@@ -502,12 +507,15 @@ def _solve_next(tables: Tables, wus: list[WusParam], lm: LayoutModel, memory_lim
                   lm.tolerance_s(), notes, mem)
 
 
-def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, limit: int) -> bool:
-    """Add the memory row of point ``at`` (where the layout whose tensor bytes are ``sizes``
-    peaks, above ``limit``) and those of up to ``EXTRA_ROWS`` other points the layout
+def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, limit: int,
+              point: Decoded) -> bool:
+    """Add the memory row of point ``at`` (where the layout ``point``, whose tensor bytes are
+    ``sizes``, peaks, above ``limit``) and those of up to ``EXTRA_ROWS`` other points the layout
     overflows, the largest first: every row is a true constraint, and adding several per solve
-    saves the re-solves that would find them one at a time. False if the peak's row alone
-    cannot be met (nothing fits)."""
+    saves the re-solves that would find them one at a time. Where the layout meets every row's
+    live sum but not ``peak_of`` (outputs allocated for the whole call: ``liveness`` module
+    docstring), the no-good cut that forbids exactly it (:func:`exclude`). False if the peak's
+    row alone cannot be met (nothing fits)."""
     ok = lm.add_memory_row(points[at], limit)
     have = set(lm.memory_rows)
     over = sorted(((sum(sizes.get(n, 0) for n in names), i) for i, names in enumerate(points)
@@ -516,6 +524,8 @@ def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, lim
         if total <= limit:
             break
         lm.add_memory_row(points[i], limit)
+    if live_peak_of(points, sizes)[0] <= limit:  # no live sum cuts it off: the output allocations do
+        exclude(lm, point)
     return ok
 
 
@@ -548,7 +558,7 @@ def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
             saved[n] = saved.get(n, 0) + b
     for n, b in saved.items():
         least[n] = max(least.get(n, 0) + b, floor.get(n, 0))
-    return peak_of(points, least)[0]
+    return live_peak_of(points, least)[0]  # the live sums are monotone in every tensor's bytes
 
 
 def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
@@ -557,7 +567,7 @@ def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
     and held bytes at 0. Cheap enough to rule out a whole search (e.g. a remat policy whose
     saved activations alone exceed the memory of every device)."""
     size = {t.name: share_bytes(t, graph, mesh) for t in graph.tensors()}
-    return peak_of(points, size)[0]
+    return live_peak_of(points, size)[0]
 
 
 def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: dict, left: float,
@@ -616,16 +626,20 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
         solver = _solver(left, workers, seed)
         code = solver.Solve(lm.model)
         if _status(code, lm.model) not in ("OPTIMAL", "FEASIBLE"):
+            proven = best is not None and _status(code, lm.model) == "INFEASIBLE"  # every other layout cut off
             break
         point = lm.decode(solver.BooleanValue)
         peak, at = peak_of(points, sizes_of(tables, wus, point))
         if best is None or peak < best[0]:
             best = (peak, point)
-        if peak <= solver.ObjectiveValue() and code == cp_model.OPTIMAL:
-            proven = peak == best[0]
+        if best[0] <= solver.ObjectiveValue() and code == cp_model.OPTIMAL:
+            proven = True
             break
-        if code != cp_model.OPTIMAL or at in rows or left <= 0:
+        if code != cp_model.OPTIMAL or left <= 0:
             break
+        if at in rows:  # its rows hold it below its peak_of: outputs allocated for the whole call
+            exclude(lm, point)  # (liveness module docstring); its peak is in best already
+            continue
         rows.add(at)
         vars_, coefs, const = lm.memory_expr(points[at])
         lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var)
