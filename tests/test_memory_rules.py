@@ -9,8 +9,9 @@ live sets against ``predict`` on the profile that has the rules on.
 * the reduce-scatter relayout copy (``Hardware.reduce_scatter_copies``): scattering a dim that is
   not the operand's most major one first copies the operand into that layout;
 * dot operand copies (``Hardware.dot_operand_copies``): an operand the dot cannot read in place is
-  copied, and the copy is live beside the original at the dot where the original outlives it
-  (``memory.copy_transient_bytes``).
+  copied, and the copy is live beside the original where the original outlives it
+  (``memory.copy_transient_bytes``), from the operand's producer to the dot for a value computed in
+  the step, one copy for the dots that read the same order (``memory.copy_spans``).
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from autolayout import models, predict
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import get_hardware, known_hardware
-from autolayout.costmodel.memory import combined_reductions, copy_transient_bytes
+from autolayout.costmodel.memory import combined_reductions, copy_spans, copy_transient_bytes, lifetimes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_held, live_points, peak_of
+from autolayout.search.liveness import is_copy, is_held, live_points, peak_of
 from autolayout.search.solver import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
@@ -123,8 +124,11 @@ def test_dot_operand_copy_held_at_the_dot_by_hand(outlives):
     one = Mesh.parse("data:1")
     oc = op_cost(dot, {}, one, CPU)
     assert oc.operand_copy_bytes == (COPY_B * COPY_E * COPY_D * F32, 0)
-    assert copy_transient_bytes(g, dot.name, oc.operand_copy_bytes) == (COPY_B * COPY_E * COPY_D * F32
-                                                                        if outlives else 0)
+    # h is computed in the step: its copy is live from h's producer to the dot (copy_spans), not
+    # added at the dot; where the dot is h's only reader the copy takes h's place (no span)
+    assert copy_transient_bytes(g, dot.name, oc.operand_copy_bytes) == 0
+    at = g.schedule.index
+    assert copy_spans(g) == ({None: ((dot.name, 0, at("tanh_0"), at(dot.name)),)} if outlives else {})
     assert op_cost(dot, {}, one, CPU.replace(dot_operand_copies=False)).operand_copy_bytes == ()
     with_copy = predict(g, "data:1", "", hardware=CPU).memory_bytes
     without = predict(g, "data:1", "", hardware=CPU.replace(dot_operand_copies=False)).memory_bytes
@@ -133,6 +137,93 @@ def test_dot_operand_copy_held_at_the_dot_by_hand(outlives):
         assert with_copy == 4 * COPY_B * COPY_E * COPY_D * F32 + COPY_E * COPY_D * COPY_D * F32 + F32 > without
     else:
         assert with_copy == without
+
+
+def _two_dots_fn(second: str):
+    """h = tanh(x) [64, 4, 32] (32 KiB) read by the dot of ``_copy_fn`` (as [e, b, d]), by a second
+    dot reading it in the ``"same"`` order ([e, b, d]) or in an ``"other"`` one ([b, d, e]), and
+    once more after both."""
+    def fn(x, w, v):
+        h = jnp.tanh(x)
+        y1 = jnp.einsum("bed,edf->ebf", h, w)
+        y2 = (jnp.einsum("bed,edf->ebf", h, v) if second == "same" else
+              jnp.einsum("bed,ef->bdf", h, v[:, 0, :]))
+        return jnp.sum(h * (jnp.sum(y1) + jnp.sum(y2)))
+    return fn
+
+
+def _two_dots_args():
+    return _copy_args() + (jnp.ones((COPY_E, COPY_D, COPY_D), jnp.float32),)
+
+
+@pytest.mark.parametrize("second,copies", [("same", 1), ("other", 2)])
+def test_xla_cpu_dots_reading_one_order_share_one_copy(second, copies):
+    """XLA:CPU makes one copy of h for two dots that read it in the same order (CSE: one
+    transpose_copy_fusion; temp: h and the copy, 2 x 32 KiB, + 4 B) and one per order otherwise
+    (temp: h and two copies, 3 x 32 KiB, + the 512 B slice of v)."""
+    c = jax.jit(_two_dots_fn(second)).lower(*_two_dots_args()).compile()
+    fusions = [ln for ln in c.as_text().splitlines() if ln.lstrip().startswith("%transpose_copy_fusion")]
+    assert len(fusions) == copies, fusions
+    h = COPY_B * COPY_E * COPY_D * F32
+    assert c.memory_analysis().temp_size_in_bytes == (1 + copies) * h + (4 if second == "same" else 512)
+
+
+@pytest.mark.parametrize("second", ["same", "other"])
+def test_dots_reading_one_order_share_one_copy_by_hand(second):
+    """The model's copies for the same functions (copy_spans): one, from h's producer to the later
+    of two dots reading the same order; one per dot for two orders, each to its own dot. Its peak,
+    at the second dot: x, h, y1 (read after), y2 and the copies live there (32 KiB each; y2 is
+    [b, d, f], 256 KiB, for the other order, beside v's 512 B slice) and w, v (16 KiB each)."""
+    from autolayout import trace
+    g = trace(_two_dots_fn(second), *_two_dots_args())
+    at = g.schedule.index
+    dots = [op.name for op in g.ops() if op.kind == "einsum" and len(op.inputs) == 2]
+    h, wv = COPY_B * COPY_E * COPY_D * F32, 2 * COPY_E * COPY_D * COPY_D * F32
+    peak = predict(g, "data:1", "", hardware=CPU).memory_bytes
+    if second == "same":
+        assert copy_spans(g) == {None: ((dots[1], 0, at("tanh_0"), at(dots[1])),)}
+        assert peak == wv + 5 * h  # x, h, y1, y2, the copy
+    else:
+        assert copy_spans(g) == {None: tuple((d, 0, at("tanh_0"), at(d)) for d in dots)}
+        assert peak == wv + 4 * h + 8 * h + COPY_E * COPY_D * F32  # x, h, y1, copy; y2; slice
+
+
+def _scaled_fn(two: bool):
+    """u = x @ m [64, 4, 32] (a contraction's result, 32 KiB), d = 2 u read by two dots: both as
+    [e, b, d] (one copy), or one as [e, b, d] and one in place (``two`` orders)."""
+    def fn(x, m, w, v):
+        u = jnp.einsum("bed,dk->bek", x, m)
+        d = u * 2.0
+        y1 = jnp.einsum("bed,edf->ebf", d, w)
+        y2 = jnp.einsum("bed,df->bef", d, v[0]) if two else jnp.einsum("bed,edf->ebf", d, v)
+        return jnp.sum(y1) + jnp.sum(y2)
+    return fn
+
+
+def _scaled_args():
+    return (jnp.ones((COPY_B, COPY_E, COPY_D), jnp.float32), jnp.ones((COPY_D, COPY_D), jnp.float32),
+            jnp.ones((COPY_E, COPY_D, COPY_D), jnp.float32), jnp.ones((COPY_E, COPY_D, COPY_D), jnp.float32))
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_a_value_read_in_two_orders_keeps_its_operand(two):
+    """XLA:CPU computes the copy of d with a second fusion of 2 u (transpose_copy_fusion reads u),
+    so with two orders u, d and the copy are live at once (temp 3 x 32 KiB + v's 4 KiB slice);
+    with one, d exists only as its copy (u and the copy: 2 x 32 KiB). The model: d takes over u's
+    buffer (memory.in_place_operand); with two orders it holds the copy from d's producer to its
+    dot and one more buffer of the copy's bytes at d's producer (u, which the copy reads)."""
+    c = jax.jit(_scaled_fn(two)).lower(*_scaled_args()).compile()
+    h = COPY_B * COPY_E * COPY_D * F32
+    assert c.memory_analysis().temp_size_in_bytes == (3 * h + COPY_D * COPY_D * F32 if two else 2 * h)
+    from autolayout import trace
+    g = trace(_scaled_fn(two), *_scaled_args())
+    _, alloc, free = lifetimes(g)
+    u, d = "dot_general_0", "mul_0"
+    assert g.op(d).inputs == (u,)
+    assert free[u] == alloc[u] == alloc[d] - 1  # d's buffer is u's
+    dot = g.schedule.index("dot_general_1")
+    assert copy_spans(g) == ({None: (("dot_general_1", 0, alloc[d], alloc[d]), ("dot_general_1", 0, alloc[d], dot))}
+                             if two else {})
 
 
 def test_gradient_reducing_ops_and_where_they_are_reduced_together():
@@ -197,14 +288,17 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
     points = live_points(g)
     assert any(is_held(n) for p in points for n in p)
     layouts = list(enumerate_layouts(g, mesh))
-    checked = changed = 0
+    checked = changed = copied = 0
     for lay in layouts[:: max(1, len(layouts) // 10)]:
         for lw, point in storage_variants(tables, wus, lay):
             sizes = sizes_of(tables, wus, point)
             changed += any(sizes[n] for n in sizes if is_held(n))
+            copied += any(sizes[n] for n in sizes if is_copy(n))
             assert peak_of(points, sizes)[0] == predict(g, mesh, lw, hardware=CPU).memory_bytes, str(lw)
             checked += bool(point.wus)
     assert checked and changed  # held bytes are in play on some of the layouts compared
+    # dot operand copies live before their dot (memory.copy_spans) too, in the transformer's scans
+    assert bool(copied) == (name == "transformer") == any(is_copy(n) for p in points for n in p)
 
 
 # ------------------------------------------------------------------------- scan loop state

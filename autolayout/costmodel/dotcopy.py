@@ -23,7 +23,7 @@ from typing import Mapping
 
 from autolayout.graph import Op
 
-__all__ = ["copied_operands", "copy_bytes", "operand_copy_elements"]
+__all__ = ["copied_operands", "accepted_orders", "copy_bytes", "operand_copy_elements"]
 
 
 def copied_operands(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
@@ -43,21 +43,26 @@ def copied_operands(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
     if op.kind != "einsum" or len(op.inputs) != 2:
         raise ValueError(f"copied_operands: {op.name!r} is a {op.kind} of {len(op.inputs)} input(s), not a "
                          "contraction of two operands")
+    return tuple(i for i, s in enumerate(op.input_shapes)
+                 if tuple(d.name for d in s if local[d.name] > 1) not in accepted_orders(op, i, local))
+
+
+def accepted_orders(op: Op, i: int, local: Mapping[str, int]) -> frozenset[tuple[str, ...]]:
+    """The orders of the dims of size > 1 (``local``) of operand ``i`` of contraction ``op`` that
+    XLA:CPU's dot reads in place (:func:`copied_operands`): batch dims in the output's order,
+    then ``free + contracting`` (lhs) or ``contracting + free`` (rhs), or the two swapped where
+    each is a single dim. An operand in any other order is copied into the first of them."""
     shapes = [[d.name for d in s if local[d.name] > 1] for s in op.input_shapes]
     out = [d.name for d in op.output.shape if local[d.name] > 1]
     batch = [d for d in out if d in shapes[0] and d in shapes[1]]
     contract = [d for d in shapes[0] if d in shapes[1] and d not in out]
-    copied = []
-    for i, dims in enumerate(shapes):
-        free = [d for d in out if d in dims and d not in batch]
-        canonical = free + contract if i == 0 else contract + free
-        swapped = contract + free if i == 0 else free + contract
-        rest = dims[len(batch):]
-        in_place = dims[:len(batch)] == batch and (
-            rest == canonical or (len(free) <= 1 and len(contract) <= 1 and rest == swapped))
-        if not in_place:
-            copied.append(i)
-    return tuple(copied)
+    free = [d for d in out if d in shapes[i] and d not in batch]
+    canonical = free + contract if i == 0 else contract + free
+    swapped = contract + free if i == 0 else free + contract
+    orders = {tuple(batch + canonical)}
+    if len(free) <= 1 and len(contract) <= 1:
+        orders.add(tuple(batch + swapped))
+    return frozenset(orders)
 
 
 def copy_bytes(op: Op, local: Mapping[str, int]) -> int:

@@ -30,7 +30,8 @@ holds the two side by side):
   value is fused into does), except that an element-wise op writes its result over an
   operand of the same shape and dtype read for the last time there (XLA shares the
   buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users;
-  :func:`in_place_operand`).
+  :func:`in_place_operand`; where contractions read that result in two orders on a backend
+  that copies dot operands, the operand stays live beside it: :func:`copy_spans`).
 
 A scan is one step of the schedule: its stacked outputs are live throughout it, and
 its body adds the peak of one iteration's own tensors (an iteration's temporaries are
@@ -44,7 +45,9 @@ the scan, as an element-wise op's operand is). Inside the body, element-wise ops
 place over the carried value (a residual stream) write into the loop state's buffer too and
 take none of their own (:func:`loop_state_chain`). While an op runs it also holds :func:`transient_bytes`,
 and a contraction on a backend that copies dot operands (``Hardware.dot_operand_copies``: XLA:CPU)
-the copies of its operands whose originals outlive it (:func:`copy_transient_bytes`).
+the copies of its operands whose originals outlive it: from the operand's producer to the dot for
+a value computed in the step (:func:`copy_spans`), at the dot for an argument
+(:func:`copy_transient_bytes`).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
@@ -72,7 +75,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from autolayout.core import Mesh
-from autolayout.costmodel.dotcopy import operand_copy_elements
+from autolayout.costmodel.dotcopy import accepted_orders, operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
@@ -82,7 +85,7 @@ from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
            "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes", "operand_copy_bytes",
-           "copy_transient_bytes"]
+           "copy_transient_bytes", "copy_spans"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -247,19 +250,17 @@ def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> in
     """The bytes of operand copies (:func:`operand_copy_bytes`, ``copies``) that contraction
     ``name`` holds while it runs beside its operands' originals.
 
-    XLA:CPU makes the copy of a dot's operand right after the operand's producer and holds it
-    until the dot; the original dies at its last reader other than the dot (XLA's buffer
-    assignment, ``benchmarks/xla_live.py``, ``moe`` ZeRO-3 layout). Where the dot is the
-    original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
-    original's place at the dot and adds nothing there; where the original outlives the dot (an
-    argument, an output, a value read later: an activation gradient read by the input-gradient
-    and the weight-gradient dots, or read by two dots in two orders, each with its copy) the copy
-    is live beside it. Counted at the dot only: a copy's life from the producer to the dot is
-    not (a lower bound where other work runs between them)."""
+    Only the copies of operands that :func:`copy_spans` does not place: arguments of the step
+    and, in a loop body, values from outside it, whose copies XLA makes at the dot. Where the dot
+    is the original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
+    original's place at the dot and adds nothing there; where the original outlives the dot the
+    copy is live beside it while the dot runs. A value computed in the step has its copies
+    placed by :func:`copy_spans` instead, from its producer to their dots."""
     if not copies or not any(copies):
         return 0
     outlives = _copy_outlives(graph).get(name, ())
-    return int(sum(b for b, live in zip(copies, outlives) if live))
+    early = _copy_groups(graph)[0]
+    return int(sum(b for k, (b, live) in enumerate(zip(copies, outlives)) if live and (name, k) not in early))
 
 
 @lru_cache(maxsize=256)
@@ -434,17 +435,21 @@ def loop_state_chain(graph: Graph, lp: Loop, carry: str,
 
 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
-                held: Mapping[str, int] | None = None) -> tuple[int, dict]:
+                held: Mapping[str, int] | None = None,
+                copies: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
-    the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered) and the
+    the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
-    reduction (:func:`held_bytes`, :func:`combined_reductions`)."""
+    reduction (:func:`held_bytes`, :func:`combined_reductions`) and the operand copies
+    ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
+    producer to the op where :func:`copy_spans` says so (counted as ``activations``)."""
     temps = temps or {}
     held = held or {}
+    spans = _copy_spans(graph, copies or {})
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
-    whole = _output_peak(graph, size, temps, held, units, alloc, free)  # outputs allocated for the whole call
+    whole = _output_peak(graph, size, temps, held, units, alloc, free, spans)  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None), units, held)
@@ -454,13 +459,17 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     for n in alloc:
         delta[alloc[n]] += size[n]
         delta[free[n] + 1] -= size[n]
+    for (start, stop, b) in spans.get(None, ()):
+        delta[start] += b
+        delta[stop + 1] -= b
     best, best_at, running = -1, 0, 0
     bodies = {}
     for i, u in enumerate(units):
         running += delta[i]
         total = running
         if isinstance(u, Loop):
-            bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name), u.body, held))
+            bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name), u.body, held),
+                                   spans.get(u.name, ()))
             total += bodies[i][0]
         else:
             total += temps.get(u, 0) + waiting.get(i, 0)
@@ -472,6 +481,10 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     body_live, body_op, body_at = bodies.get(best_at, (0, [], None, 0))[1:]
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
+    breakdown["activations"] += sum(b for start, stop, b in spans.get(None, ()) if start <= best_at <= stop)
+    if isinstance(units[best_at] if units else None, Loop):
+        breakdown["activations"] += sum(b for start, stop, b in spans.get(units[best_at].name, ())
+                                        if start <= body_at <= stop)
     unit = units[best_at] if units else None
     if isinstance(unit, Loop):
         breakdown["transient"] = (temps.get(body_op, 0)
@@ -492,16 +505,20 @@ def _waiting(group: tuple[int, tuple[str, ...]] | None, units, held: Mapping[str
 
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
-               waiting: Mapping[int, int]) -> tuple[int, list, str | None, int]:
+               waiting: Mapping[int, int], spans=()) -> tuple[int, list, str | None, int]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
     with the transient bytes of the op running there (and the ``waiting`` held bytes of the
-    body's combined reduction); the live tensors, that op and its position."""
+    body's combined reduction, and the operand copies ``spans`` of :func:`_copy_spans`); the
+    live tensors, that op and its position."""
     order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
     delta = [0] * (end + 2)
     for n in lp.body:
         delta[order[n]] += size[n]
         delta[last[n] + 1] -= size[n]
+    for start, stop, b in spans:
+        delta[start] += b
+        delta[stop + 1] -= b
     best, best_at, running = 0, 0, 0
     for i in range(end):
         running += delta[i]
@@ -513,11 +530,13 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 
 
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
-                 units, alloc: Mapping[str, int], free: Mapping[str, int]) -> tuple[int, dict] | None:
+                 units, alloc: Mapping[str, int], free: Mapping[str, int],
+                 spans: Mapping[str | None, list]) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
-    bytes, held bytes waiting for their combined reduction) plus ``outputs.unplaced_output_bytes`` of
+    bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
+    :func:`_copy_spans` live there) plus ``outputs.unplaced_output_bytes`` of
     the outputs not yet written there. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
@@ -540,22 +559,25 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     for i, u in enumerate(units):
         live = [n for n in alloc if alloc[n] <= i <= free[n]]
         if not isinstance(u, Loop):
-            point(i, live, [("transient", temps.get(u, 0))] + _held_at(combined.get(None), units, i, held))
+            point(i, live, [("transient", temps.get(u, 0))] + _held_at(combined.get(None), units, i, held)
+                  + _copies_at(spans.get(None, ()), i))
             continue
         order, last = body_lifetimes(graph, u)
+        top = _copies_at(spans.get(None, ()), i)
         if not u.body:
-            point(i, live, [])
+            point(i, live, top)
         group = combined.get(u.name)
         for j, op in enumerate(u.body):
             body = [n for n in u.body if order[n] <= j <= last[n]]
-            point(i, live + body, [("transient", temps.get(op, 0))] + _held_at(group, u.body, j, held))
+            point(i, live + body, [("transient", temps.get(op, 0))] + _held_at(group, u.body, j, held) + top
+                  + _copies_at(spans.get(u.name, ()), j))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     for n in names:
         breakdown[category[n]] += size[n]
-    for _, b in extras:
-        breakdown["transient"] += b
+    for what, b in extras:
+        breakdown["activations" if what == "copy" else "transient"] += b
     # each output allocation not yet written counts what the temporaries it holds leave of it
     left = [size[o] for o in free_outs]
     for b, k in zip(buffers, output_placement(buffers, left)):
@@ -566,6 +588,12 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     return max(total, 0), breakdown
 
 
+def _copies_at(spans, i: int) -> list[tuple[str, int]]:
+    """The operand copies (``(start, stop, bytes)`` of :func:`_copy_spans`) live at position ``i``,
+    one buffer each."""
+    return [("copy", b) for start, stop, b in spans if start <= i <= stop]
+
+
 def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
              held: Mapping[str, int]) -> list[tuple[str, int]]:
     """The held bytes of a computation's gradient-reducing ops waiting at position ``i`` (its
@@ -573,3 +601,114 @@ def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
     if group is None or group[0] != i:
         return []
     return [("held", held.get(o, 0)) for o in group[1] if o != units[i]]
+
+
+def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int], ...]]:
+    """Per computation (``None``: the top level; a loop's name: its body), the dot operand copies
+    that take memory of their own before their dot: ``(op, operand index, first position, last
+    position)``, each holding the bytes of ``op``'s copy of that operand
+    (:func:`operand_copy_bytes`: 0 where the layout lets the dot read it in place), positions
+    as in :func:`lifetimes` / :func:`body_lifetimes`. ``peak_memory`` and the search's live sets
+    (``search/liveness.py``) both place copies with this (one rule).
+
+    The rule, from XLA:CPU's optimized HLO and buffer assignment (``benchmarks/xla_live.py``:
+    ``equinox_block-donated`` ZeRO-3, ``top2_moe-donated`` ZeRO-3, ``nnx_llama-donated``,
+    ``linen_gpt-donated``; ``tests/test_memory_rules.py``): ``DotDecomposer`` puts a transpose
+    before a dot whose operand is not in an order it reads in place
+    (:func:`~autolayout.costmodel.dotcopy.accepted_orders`); layout assignment makes it a
+    ``copy``, which the fusion passes fuse with the operand's producer (a duplicate of an
+    element-wise producing fusion, reading the producer's operands: ``copy_bitcast_fusion``,
+    ``transpose_copy_fusion``), and the scheduler puts it right after the producer; CSE leaves
+    one copy for the dots that read the same order; each buffer lives to its last reader. So
+    for a materialised value produced in the same computation (not an argument of the step, nor
+    a value from outside a loop body), its readers are grouped by the order they read it in:
+    contractions whose accepted orders meet share a buffer; every other reader (and the caller,
+    for an output) reads the original, in its own order. The model's lifetime of the value
+    (producer to last reader) is the buffer of the group read last; each other group adds a
+    buffer from the producer to its last reader, of the bytes of its dot's copy, or, for the
+    original's group, of the copy the last group reads (0 where the layout lets that dot read
+    the value in place). Both are linear in the layout: a copy's bytes depend only on its
+    operand's dims. The grouping is by the orders of the dims at full size (a layout that
+    leaves a dim of size 1 on a device may let a dot read in place: its copy's bytes are then
+    0). Where contractions read an element-wise value in two orders and the value takes over an
+    operand's buffer (:func:`in_place_operand`), its copy is computed from that operand by a
+    second fusion, so the operand is still live where the value is produced: one more buffer of
+    the copy's bytes there (the operand has the value's shape and dtype). Copies of arguments and of values from outside the
+    loop body count at their dot (:func:`copy_transient_bytes`)."""
+    return _copy_groups(graph)[1]
+
+
+@lru_cache(maxsize=256)
+def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
+    """``(operands whose copies copy_spans places, copy_spans)`` (:func:`copy_spans`)."""
+    units, alloc, free = lifetimes(graph)
+    readers = _readers(graph)
+    outputs = {o.tensor for o in graph.outputs if o.tensor}
+    full = {d.name: d.size for op in graph.ops() for d in op.dims}
+    placed: set[tuple[str, int]] = set()
+    out: dict[str | None, list] = {}
+
+    def place(loop: str | None, t: str, born: int, dies: int, pos: Mapping[str, int],
+              gone: Mapping[str, int]) -> None:
+        src = graph.op(t)
+        if src.output.role in ("input", "param", "opt_state") or not src.materialised:
+            return
+        own = tuple(d.name for d in src.output.shape if full[d.name] > 1)
+        reads = []  # (position, op, operand index, the orders it reads in place)
+        for c in readers[t]:
+            op = graph.op(c)
+            ks = [k for k, x in enumerate(op.inputs) if x == t] if c in pos else []
+            if op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1:
+                reads.append((pos[c], c, ks[0], accepted_orders(op, ks[0], full)))
+            else:  # reads the original, in its own order
+                reads.append((pos.get(c, dies), None, None, frozenset([own])))
+        if not any(r[1] for r in reads):
+            return
+        if t in outputs:
+            reads.append((dies, None, None, frozenset([own])))  # the caller's buffer: its own order
+        groups: list[list] = []  # reads that share a buffer: the original, or one copy
+        for r in sorted(reads, key=lambda r: r[0]):
+            hit = next((g for g in groups if any(r[3] & x[3] for x in g)), None)
+            if hit is None:
+                groups.append([r])
+            else:
+                hit.append(r)
+        placed.update((r[1], r[2]) for r in reads if r[1] is not None)
+        if len(groups) == 1:
+            return
+        ends = [max(g, key=lambda r: r[0]) for g in groups]
+        owner = max(range(len(groups)), key=lambda i: ends[i][0])
+        spans = out.setdefault(loop, [])
+        src = in_place_operand(graph, t, readers)
+        copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
+        if src in gone and gone[src] == born - 1 and copying:
+            # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
+            spans.append((copying[0][1], copying[0][2], born, born))
+        for i, g in enumerate(groups):
+            if i == owner:
+                continue
+            in_place = any(own in r[3] for r in g)  # its buffer is the original: the owner's is a copy
+            by = ends[owner] if in_place else ends[i]
+            if by[1] is not None:
+                spans.append((by[1], by[2], born, ends[i][0]))
+
+    for lp in graph.loops.values():
+        order, last = body_lifetimes(graph, lp)
+        for n in lp.body:
+            place(lp.name, n, order[n], last[n], order, last)
+    top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
+    for n in alloc:
+        place(None, n, alloc[n], free[n], top, free)
+    return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+
+
+def _copy_spans(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:
+    """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``."""
+    out: dict[str | None, list] = {}
+    for loop, spans in copy_spans(graph).items():
+        for n, k, start, stop in spans:
+            b = copies.get(n, ())
+            if len(b) > k and b[k]:
+                out.setdefault(loop, []).append((start, stop, b[k]))
+    return out
+

@@ -119,6 +119,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     rows, colls = [], []
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
+    copies: dict[str, tuple[int, ...]] = {}
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
     terms: dict[str, float] = {}  # overlap.split's terms, summed per key
@@ -130,6 +131,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             temps[op.name] = oc.transient_bytes + extra
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
+        if oc.operand_copy_bytes:
+            copies[op.name] = oc.operand_copy_bytes
         lin, parts = split(oc, op, overlap)
         linear += lin * n
         for key, v in parts.items():
@@ -149,7 +152,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held)
+    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -13,6 +13,9 @@ point's live tensors instead of summing them. Points:
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
 
+A point also lists the dot operand copies live there (:func:`copy`: ``memory.copy_spans``,
+from the operand's producer to its dot).
+
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
 ``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
@@ -33,15 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autolayout.costmodel.memory import body_lifetimes, combined_reductions, lifetimes
+from autolayout.costmodel.memory import body_lifetimes, combined_reductions, copy_spans, lifetimes
 from autolayout.costmodel.outputs import unplaced_output_bytes, whole_call_outputs
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
-           "op_of"]
+           "copy", "is_copy", "copy_operand", "op_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
+_COPY = "\x00copy:"
 
 
 def transient(op: str) -> str:
@@ -65,8 +69,26 @@ def is_held(name: str) -> bool:
     return name.startswith(_HELD)
 
 
+def copy(op: str, k: int) -> str:
+    """The name under which a live set lists the copy contraction ``op`` reads of its operand
+    ``k`` (:func:`~autolayout.costmodel.memory.copy_spans`), live from the operand's producer to
+    ``op``."""
+    return f"{_COPY}{k}:{op}"
+
+
+def is_copy(name: str) -> bool:
+    return name.startswith(_COPY)
+
+
+def copy_operand(name: str) -> int:
+    """The operand index of a :func:`copy` name."""
+    return int(name[len(_COPY):].split(":", 1)[0])
+
+
 def op_of(name: str) -> str:
-    """The op of a :func:`transient` or :func:`held` name."""
+    """The op of a :func:`transient`, :func:`held` or :func:`copy` name."""
+    if is_copy(name):
+        return name[len(_COPY):].split(":", 1)[1]
     return name[len(_HELD if is_held(name) else _TRANSIENT):]
 
 
@@ -101,24 +123,29 @@ def live_points(graph: Graph) -> LivePoints:
     :func:`transient`), one per schedule point, in schedule order."""
     units, alloc, free = lifetimes(graph)
     combined = combined_reductions(graph)
+    spans = copy_spans(graph)
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
 
-    def add(names: list[str], op: str | None, waiting: tuple[str, ...] = ()) -> None:
+    def add(names: list[str], op: str | None, waiting: tuple[str, ...] = (), copies: tuple[str, ...] = ()) -> None:
         key = (tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
-               + tuple(held(o) for o in waiting))
+               + tuple(held(o) for o in waiting) + copies)
         if key not in seen:
             seen.add(key)
             points.append(key)
 
+    def copies_at(loop: str | None, i: int) -> tuple[str, ...]:
+        return tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop)
+
     for i, u in enumerate(units):
         live = [n for n in alloc if alloc[n] <= i <= free[n]]
+        top = copies_at(None, i)
         bodies = _body_live_sets(graph, u, combined.get(u.name)) if isinstance(u, Loop) else []
         if not bodies:
-            add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i))
-        for body, op, waiting in bodies:
-            add(live + body, op, waiting)
+            add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i), top)
+        for j, (body, op, waiting) in enumerate(bodies):
+            add(live + body, op, waiting, top + copies_at(u.name, j))
     args = frozenset(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state"))
     return LivePoints(points, whole_call_outputs(graph), args)
 

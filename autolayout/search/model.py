@@ -45,7 +45,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import is_held, is_transient, op_of
+from autolayout.search.liveness import copy_operand, is_copy, is_held, is_transient, op_of
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -347,6 +347,8 @@ class LayoutModel:
                 dims, vec = tables.transient_bytes(graph.op(op_of(n)))
             elif is_held(n):  # bytes a gradient-reducing op holds until the combined reduction
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
+            elif is_copy(n):  # a dot operand copy live before its dot
+                dims, vec = tables.copy_bytes(graph.op(op_of(n)), copy_operand(n))
             else:
                 t = graph.tensor(n)
                 dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)

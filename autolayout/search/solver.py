@@ -50,9 +50,10 @@ from ortools.sat.python import cp_model
 
 from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
+from autolayout.costmodel.memory import copy_spans
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
-from autolayout.search.liveness import held, live_peak_of, live_points, peak_of, transient
+from autolayout.search.liveness import copy, held, live_peak_of, live_points, peak_of, transient
 from autolayout.search.model import Decoded, LayoutModel, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.wus import WusParam
@@ -125,6 +126,10 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
             sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
             dims, vec = tables.held_bytes(tables.graph.op(t.name))
             sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+    for spans in copy_spans(tables.graph).values():  # dot operand copies live before their dot
+        for n, k, _, _ in spans:
+            dims, vec = tables.copy_bytes(tables.graph.op(n), k)
+            sizes[copy(n, k)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b

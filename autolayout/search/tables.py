@@ -101,6 +101,7 @@ class Tables:
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
+        self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
@@ -218,6 +219,21 @@ class Tables:
             hit = self._transient[op.name] = np.array(
                 [oc.transient_bytes + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
                  for oc in costs], dtype=np.int64)
+        return dims, hit
+
+    def copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``
+        (``OpCost.operand_copy_bytes[k]``: :func:`~autolayout.costmodel.memory.operand_copy_bytes`,
+        0 where read in place; live from the operand's producer on where
+        :func:`~autolayout.costmodel.memory.copy_spans` says so, as ``predict`` counts it) for each
+        assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._copies.get((op.name, k))
+        if hit is None:
+            g = self.group(dims)
+            hit = self._copies[(op.name, k)] = np.array(
+                [(self.op_cost(op, dims, a).operand_copy_bytes or (0,) * (k + 1))[k] for a in g.assignments],
+                dtype=np.int64)
         return dims, hit
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
