@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from autolayout import predict, trace
-from autolayout.costmodel.hardware import get_hardware
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.search.liveness import live_peak_of, live_points, peak_of
 

@@ -113,7 +113,7 @@ def phases(step: Step, mesh: Mesh, hw: Hardware, itemsize: int) -> tuple[Step, .
     padding is in ``pad_bytes``); every other step runs as it is. The cost model prices
     these collectives and the shard_map lowering executes them.
 
-    >>> from autolayout.costmodel.hardware import SLOW_LINKS, get_hardware
+    >>> from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware
     >>> hw = get_hardware("h100").with_axis_link("node", SLOW_LINKS["h100"])
     >>> mesh = Mesh.parse("node:2,gpu:4")
     >>> [str(s) for s in phases(Step("all-reduce", "g", ("node", "gpu"), 8, 40), mesh, hw, 4)]
