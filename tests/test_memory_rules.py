@@ -10,8 +10,8 @@ live sets against ``predict`` on the profile that has the rules on.
   not the operand's most major one first copies the operand into that layout;
 * dot operand copies (``Hardware.dot_operand_copies``): an operand the dot cannot read in place is
   copied, and the copy is live beside the original where the original outlives it
-  (``memory.copy_transient_bytes``), from the operand's producer to the dot for a value computed in
-  the step, one copy for the dots that read the same order (``memory.copy_spans``).
+  (``copies.copy_transient_bytes``), from the operand's producer to the dot for a value computed in
+  the step, one copy for the dots that read the same order (``copies.copy_spans``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from autolayout import models, predict
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import get_hardware, known_hardware
-from autolayout.costmodel.memory import combined_reductions, copy_spans, copy_transient_bytes, lifetimes
+from autolayout.costmodel.memory import combined_reductions
+from autolayout.costmodel.copies import copy_spans, copy_transient_bytes
+from autolayout.costmodel.lifetimes import lifetimes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_copy, is_held, live_points, peak_of
@@ -210,7 +212,7 @@ def test_a_value_read_in_two_orders_keeps_its_operand(two):
     """XLA:CPU computes the copy of d with a second fusion of 2 u (transpose_copy_fusion reads u),
     so with two orders u, d and the copy are live at once (temp 3 x 32 KiB + v's 4 KiB slice);
     with one, d exists only as its copy (u and the copy: 2 x 32 KiB). The model: d takes over u's
-    buffer (memory.in_place_operand); with two orders it holds the copy from d's producer to its
+    buffer (lifetimes.in_place_operand); with two orders it holds the copy from d's producer to its
     dot and one more buffer of the copy's bytes at d's producer (u, which the copy reads)."""
     c = jax.jit(_scaled_fn(two)).lower(*_scaled_args()).compile()
     h = COPY_B * COPY_E * COPY_D * F32
@@ -297,7 +299,7 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
             assert peak_of(points, sizes)[0] == predict(g, mesh, lw, hardware=CPU).memory_bytes, str(lw)
             checked += bool(point.wus)
     assert checked and changed  # held bytes are in play on some of the layouts compared
-    # dot operand copies live before their dot (memory.copy_spans) too, in the transformer's scans
+    # dot operand copies live before their dot (copies.copy_spans) too, in the transformer's scans
     assert bool(copied) == (name == "transformer") == any(is_copy(n) for p in points for n in p)
 
 
@@ -306,7 +308,7 @@ def test_scan_state_is_one_buffer_by_hand():
     """A scan's carry is one buffer (XLA's while aliases operand, body parameter, root and
     result): the final carry takes memory from its own unit after the loop, and an initial
     value the scan reads last is freed before the scan."""
-    from autolayout.costmodel.memory import lifetimes
+    from autolayout.costmodel.lifetimes import lifetimes
     from autolayout.graph import Loop
 
     g = models.transformer_lm(d_model=16, d_ff=32, heads=2, d_kv=8, n_layers=2, vocab=32, batch=4, length=8,
@@ -340,7 +342,7 @@ def test_replicated_program_allocates_what_the_traced_function_does():
 def test_residual_stream_is_written_into_the_loop_state():
     """XLA writes a scan body's residual adds (element-wise ops chained in place over the carried
     value, ending in the next carry) into the loop state's buffer (one allocation and offset in its
-    buffer assignment), so they take no memory of their own (memory.loop_state_chain). Against
+    buffer assignment), so they take no memory of their own (lifetimes.loop_state_chain). Against
     XLA's peak of live bytes (benchmarks/xla_live.py, from the compiled program's buffer
     assignment) with its output allocations idle there (the logits' allocation, not yet written,
     which the model counts too: outputs.unplaced_output_bytes) on the transformer_lm forward scan:
@@ -350,7 +352,7 @@ def test_residual_stream_is_written_into_the_loop_state():
     from pathlib import Path
 
     from autolayout import execute
-    from autolayout.costmodel.memory import body_lifetimes
+    from autolayout.costmodel.lifetimes import body_lifetimes
     from autolayout.graph import Loop
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -52,7 +52,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("top2_moe-donated", "batch:data;experts:model"),
     ("top2_moe-donated", "batch:data;mlp:model|*:data@3"),  # 0.88 before XLA's expensive producers (graph.expensive)
     # 0.89, 0.90, 0.89 before a dot operand copy was held beside an original that outlives its dot
-    # (memory.copy_transient_bytes; now 0.94, 0.93, 0.93)
+    # (copies.copy_transient_bytes; now 0.94, 0.93, 0.93)
     ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"),
     ("equinox_block-donated", ""),
     ("nnx_llama-donated", "batch:model;kv_heads:data|*:model@2"),
@@ -69,10 +69,10 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # at its peak, which the model now counts
     ("linen_bf16_mlp", "batch:data;mlp:model|*:data@3"),
     # 0.86 before dot operand copies were held from their operands' producers and a value read in two
-    # orders kept its operand's buffer (memory.copy_spans, memory.in_place_operand's caller; now 0.91)
+    # orders kept its operand's buffer (copies.copy_spans, lifetimes.in_place_operand's caller; now 0.91)
     ("linen_gpt-donated", ""),
     # 0.80 before outputs allocated for the whole call (costmodel/outputs.py; 0.85 with them alone) and dot
-    # operand copies from their producers (memory.copy_spans; 0.85 with them alone); 0.907 with both
+    # operand copies from their producers (copies.copy_spans; 0.85 with them alone); 0.907 with both
     ("linen_gpt", ""),
 ]
 
@@ -130,13 +130,13 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "copy_bitcast_fusion.3/.6 and .4/.9, 16 KiB each, the original freed at its last copy), a 32 KiB copy "
         "of the donated w2 (copy.54, whose buffer then holds a temporary), and the all-gathered w2 (64 KiB; "
         "XLA's CSE merges the forward's and the backward's identical all-gathers) held across both uses. "
-        "The model holds such copies from their producers too (memory.copy_spans), but this row stays at 0.90: "
+        "The model holds such copies from their producers too (copies.copy_spans), but this row stays at 0.90: "
         "the step takes dy as an input, so the forward's expert MLP and the backward are independent and XLA's "
         "scheduler interleaves them (the ReLU and its copy are made right before the weight-gradient dots, "
         "after the backward's first contraction), an order the model's fixed schedule does not have"),
     ("nnx_llama", ""): (
         "0.89 (0.75 before outputs allocated for the whole call, costmodel/outputs.py, and dot operand copies from "
-        "their producers, memory.copy_spans). The model's peak (665108 B, its own idle output bytes included) is "
+        "their producers, copies.copy_spans). The model's peak (665108 B, its own idle output bytes included) is "
         "1.004 of XLA's peak of live bytes (662300 B, benchmarks/xla_live.py), but XLA's output allocations hold "
         "84976 B idle at that peak: the model lets the temporaries live at a point fill the outputs not yet "
         "written there (the most XLA can reuse, point by point; outputs.output_placement), where XLA places each "

@@ -193,8 +193,8 @@ class Hardware:
             kernel cannot read in place (:mod:`~autolayout.costmodel.dotcopy`: XLA:CPU's
             ``[batch, M, K]`` canonicalisation; in memory, a copy is live beside an original
             that outlives its dot, from the operand's producer on,
-            :func:`~autolayout.costmodel.memory.copy_spans`, or at the dot for an argument's,
-            :func:`~autolayout.costmodel.memory.copy_transient_bytes`);
+            :func:`~autolayout.costmodel.copies.copy_spans`, or at the dot for an argument's,
+            :func:`~autolayout.costmodel.copies.copy_transient_bytes`);
             ``calibrate`` sets it on CPU devices, and the built-in ``cpu`` profile has it.
         fused_attention: whether attention runs as a fused kernel that keeps the score
             tensors on chip and recomputes them in the backward pass (FlashAttention, Dao et

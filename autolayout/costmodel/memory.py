@@ -30,8 +30,8 @@ holds the two side by side):
   value is fused into does), except that an element-wise op writes its result over an
   operand of the same shape and dtype read for the last time there (XLA shares the
   buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users;
-  :func:`in_place_operand`; where contractions read that result in two orders on a backend
-  that copies dot operands, the operand stays live beside it: :func:`copy_spans`).
+  :func:`~autolayout.costmodel.lifetimes.in_place_operand`; where contractions read that result in two orders on a backend
+  that copies dot operands, the operand stays live beside it: :func:`~autolayout.costmodel.copies.copy_spans`).
 
 A scan is one step of the schedule: its stacked outputs are live throughout it, and
 its body adds the peak of one iteration's own tensors (an iteration's temporaries are
@@ -43,11 +43,11 @@ the final carry (the scan's result) takes memory only from its own unit after th
 and an initial value that the scan reads last becomes the loop state (it is freed before
 the scan, as an element-wise op's operand is). Inside the body, element-wise ops chained in
 place over the carried value (a residual stream) write into the loop state's buffer too and
-take none of their own (:func:`loop_state_chain`). While an op runs it also holds :func:`transient_bytes`,
+take none of their own (:func:`~autolayout.costmodel.lifetimes.loop_state_chain`). While an op runs it also holds :func:`transient_bytes`,
 and a contraction on a backend that copies dot operands (``Hardware.dot_operand_copies``: XLA:CPU)
 the copies of its operands whose originals outlive it: from the operand's producer to the dot for
-a value computed in the step (:func:`copy_spans`), at the dot for an argument
-(:func:`copy_transient_bytes`).
+a value computed in the step (:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
+(:func:`~autolayout.costmodel.copies.copy_transient_bytes`).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
@@ -75,17 +75,18 @@ from functools import lru_cache
 from typing import Mapping
 
 from autolayout.core import Mesh
-from autolayout.costmodel.dotcopy import accepted_orders, operand_copy_elements
+from autolayout.costmodel.copies import copy_span_bytes
+from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
 from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["lifetimes", "body_lifetimes", "in_place_operand", "loop_state_chain", "peak_memory", "transient_bytes",
-           "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes", "operand_copy_bytes",
-           "copy_transient_bytes", "copy_spans"]
+__all__ = ["peak_memory", "transient_bytes", "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes",
+           "operand_copy_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -95,104 +96,6 @@ def _categories(graph: Graph) -> dict[str, str]:
         out[t.name] = ("params" if t.role == "param" else "opt_state" if t.role == "opt_state"
                        else "grads" if t.name in grads else "activations")
     return out
-
-
-def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
-    """Schedule units and, for every top-level tensor that takes memory of its own, the
-    units it is allocated and last live at (scan bodies are handled by
-    :func:`body_lifetimes`). Arguments span the whole step, outputs from their producer (module
-    docstring); an output that reuses a donated argument's buffer is left out."""
-    units = graph.schedule
-    unit_of: dict[str, int] = {}
-    for i, u in enumerate(units):
-        if isinstance(u, Loop):
-            for n in u.body:
-                unit_of[n] = i
-        else:
-            unit_of[u] = i
-    # stacked outputs exist while their loop runs; a final carry is the loop state, which
-    # the body counts while it runs (its carried values), so it takes memory from its own unit
-    for i, u in enumerate(units):
-        if isinstance(u, Loop):
-            for n in u.stacks:
-                unit_of[n] = min(unit_of[n], i)
-    end = len(units)
-    outputs = {s.tensor for s in graph.outputs if s.tensor}
-    body_of = {n for lp in graph.loops.values() for n in lp.body}
-    reusing = set(getattr(graph, "donated", {}))  # outputs written into a donated argument's buffer
-    readers = _readers(graph)
-    alloc: dict[str, int] = {}
-    free: dict[str, int] = {}
-    for t in graph.tensors():
-        if t.name in body_of or t.name in reusing:
-            continue
-        if t.role in ("input", "param", "opt_state"):
-            alloc[t.name], free[t.name] = 0, end
-            continue
-        alloc[t.name] = unit_of[t.name]
-        free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
-    for i, u in enumerate(units):
-        if not isinstance(u, Loop):
-            src = in_place_operand(graph, u, readers)
-            if src in free and free[src] == unit_of[u] and alloc[src] < unit_of[u]:
-                free[src] = unit_of[u] - 1  # its buffer becomes u's
-            continue
-        for c, _ in u.carries:  # an initial value read last by its loop becomes the loop state
-            for src in graph.op(c).inputs:
-                if src in free and free[src] == i and alloc[src] < i and src not in outputs:
-                    free[src] = i - 1
-    return units, alloc, free
-
-
-def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """For every tensor, the ops that read it from memory: its consumers, a fused
-    consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
-    the ops it is fused into."""
-    out: dict[str, tuple[str, ...]] = {}
-
-    def of(name: str) -> tuple[str, ...]:
-        hit = out.get(name)
-        if hit is None:
-            acc: list[str] = []
-            for c in graph.consumers(name):
-                op = graph.op(c)
-                if not op.materialised:
-                    acc.extend(of(c))
-                else:
-                    acc.append(c)
-            hit = out[name] = tuple(dict.fromkeys(acc))
-        return hit
-
-    for name in graph.order:
-        of(name)
-    return out
-
-
-def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, ...]]) -> str | None:
-    """The operand whose buffer element-wise op ``name`` may write its result into: a
-    materialised tensor it reads (directly or through fused element-wise ops) with the same
-    dims and dtype, not an argument or output (XLA never overwrites those unless donated).
-    Whether that read is the operand's last is the caller's check."""
-    op = graph.op(name)
-    if op.kind != "elementwise" or not op.materialised:
-        return None
-    outputs = {s.tensor for s in graph.outputs if s.tensor}
-    seen: set[str] = set()
-    stack = list(op.inputs)
-    while stack:
-        n = stack.pop(0)
-        if n in seen:
-            continue
-        seen.add(n)
-        src = graph.op(n)
-        if not src.materialised and src.kind == "elementwise":
-            stack.extend(src.inputs)  # fused into this op: read its operands
-            continue
-        t = src.output
-        if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
-                and t.shape == op.output.shape and t.dtype == op.output.dtype):
-            return n
-    return None
 
 
 def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
@@ -244,45 +147,6 @@ def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> 
     import numpy as np
     return tuple(n * (_FLOAT32_BYTES if wide else np.dtype(dt).itemsize)
                  for n, dt in zip(operand_copy_elements(op, local), dtypes))
-
-
-def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> int:
-    """The bytes of operand copies (:func:`operand_copy_bytes`, ``copies``) that contraction
-    ``name`` holds while it runs beside its operands' originals.
-
-    Only the copies of operands that :func:`copy_spans` does not place: arguments of the step
-    and, in a loop body, values from outside it, whose copies XLA makes at the dot. Where the dot
-    is the original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
-    original's place at the dot and adds nothing there; where the original outlives the dot the
-    copy is live beside it while the dot runs. A value computed in the step has its copies
-    placed by :func:`copy_spans` instead, from its producer to their dots."""
-    if not copies or not any(copies):
-        return 0
-    outlives = _copy_outlives(graph).get(name, ())
-    early = _copy_groups(graph)[0]
-    return int(sum(b for k, (b, live) in enumerate(zip(copies, outlives)) if live and (name, k) not in early))
-
-
-@lru_cache(maxsize=256)
-def _copy_outlives(graph: Graph) -> dict[str, tuple[bool, ...]]:
-    """For every contraction of two operands, per operand: whether its original is live after
-    the op runs (:func:`copy_transient_bytes`)."""
-    units, alloc, free = lifetimes(graph)
-    unit_of = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
-    out: dict[str, tuple[bool, ...]] = {}
-    for lp in graph.loops.values():
-        i = next(k for k, u in enumerate(units) if isinstance(u, Loop) and u.name == lp.name)
-        order, last = body_lifetimes(graph, lp)
-        for n in lp.body:
-            op = graph.op(n)
-            if op.kind == "einsum" and len(op.inputs) == 2:
-                out[n] = tuple((last[t] > order[n]) if t in order else (t in free and free[t] >= i)
-                               for t in op.inputs)
-    for n, i in unit_of.items():
-        op = graph.op(n)
-        if op.kind == "einsum" and len(op.inputs) == 2:
-            out[n] = tuple(t in free and free[t] > i for t in op.inputs)
-    return out
 
 
 def _partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
@@ -382,58 +246,6 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
     return out
 
 
-def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
-    """Position in the body and last live position of each body tensor (carried values
-    and values read outside the body live for the whole iteration; element-wise ops write
-    over an operand read for the last time, as at the top level)."""
-    order = {n: i for i, n in enumerate(lp.body)}
-    end = len(lp.body)
-    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
-    readers = _readers(graph)
-    last = {}
-    for n in lp.body:
-        users = [order[c] for c in readers[n] if c in order]
-        outside = any(c not in order for c in readers[n])
-        last[n] = end if (n in carried or outside) else max(users, default=order[n])
-    for n in lp.body:
-        src = in_place_operand(graph, n, readers)
-        if src in order and last[src] == order[n] and order[src] < order[n]:
-            last[src] = order[n] - 1
-    for c, _ in lp.carries:
-        for n in loop_state_chain(graph, lp, c, readers):
-            last[n] = order[n] - 1  # written into the loop state's buffer, which the carry counts
-    return order, last
-
-
-def loop_state_chain(graph: Graph, lp: Loop, carry: str,
-                     readers: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
-    """The body's values that XLA writes into the buffer of the loop state ``carry``: an
-    element-wise op that reads the carried value for the last time writes its result over it
-    (:func:`in_place_operand`, as anywhere else), and so on down the chain, typically to the
-    next carried value (a residual stream: ``x + attn`` then ``+ mlp``). The carry counts that
-    buffer for the whole iteration (the loop state is one buffer: module docstring), so these
-    values take none of their own. Measured in XLA:CPU's buffer assignment of the
-    ``transformer_lm`` forward scan: the loop state, both residual adds and the initial value
-    share one allocation and offset (``wide.param{1}``, ``wrapped_add.1``, ``wrapped_add.2``;
-    ``benchmarks/xla_live.py``). A value also read outside the body other than by the scan's
-    result (stacked for the backward pass) ends the chain."""
-    readers = _readers(graph) if readers is None else readers
-    order = {n: i for i, n in enumerate(lp.body)}
-    finals = {r for r, _ in lp.results}  # the scan's result reads the loop state after the loop
-    chain: list[str] = []
-    cur = carry
-    while True:
-        users = [order[r] for r in readers[cur] if r in order]
-        if not users:
-            return chain
-        nxt = lp.body[max(users)]
-        if (in_place_operand(graph, nxt, readers) != cur or order[nxt] <= order[cur]
-                or any(r not in order and r not in finals for r in readers[nxt])):
-            return chain
-        chain.append(nxt)
-        cur = nxt
-
-
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, dict]:
@@ -443,10 +255,10 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
     reduction (:func:`held_bytes`, :func:`combined_reductions`) and the operand copies
     ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
-    producer to the op where :func:`copy_spans` says so (counted as ``activations``)."""
+    producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``)."""
     temps = temps or {}
     held = held or {}
-    spans = _copy_spans(graph, copies or {})
+    spans = copy_span_bytes(graph, copies or {})
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans)  # outputs allocated for the whole call
@@ -508,7 +320,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
                waiting: Mapping[int, int], spans=()) -> tuple[int, list, str | None, int]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
     with the transient bytes of the op running there (and the ``waiting`` held bytes of the
-    body's combined reduction, and the operand copies ``spans`` of :func:`_copy_spans`); the
+    body's combined reduction, and the operand copies ``spans`` of :func:`copy_span_bytes`); the
     live tensors, that op and its position."""
     order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
@@ -536,7 +348,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
     bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
-    :func:`_copy_spans` live there) plus ``outputs.unplaced_output_bytes`` of
+    :func:`copy_span_bytes` live there) plus ``outputs.unplaced_output_bytes`` of
     the outputs not yet written there. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
@@ -589,7 +401,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
 
 
 def _copies_at(spans, i: int) -> list[tuple[str, int]]:
-    """The operand copies (``(start, stop, bytes)`` of :func:`_copy_spans`) live at position ``i``,
+    """The operand copies (``(start, stop, bytes)`` of :func:`copy_span_bytes`) live at position ``i``,
     one buffer each."""
     return [("copy", b) for start, stop, b in spans if start <= i <= stop]
 
@@ -602,113 +414,4 @@ def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
         return []
     return [("held", held.get(o, 0)) for o in group[1] if o != units[i]]
 
-
-def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int], ...]]:
-    """Per computation (``None``: the top level; a loop's name: its body), the dot operand copies
-    that take memory of their own before their dot: ``(op, operand index, first position, last
-    position)``, each holding the bytes of ``op``'s copy of that operand
-    (:func:`operand_copy_bytes`: 0 where the layout lets the dot read it in place), positions
-    as in :func:`lifetimes` / :func:`body_lifetimes`. ``peak_memory`` and the search's live sets
-    (``search/liveness.py``) both place copies with this (one rule).
-
-    The rule, from XLA:CPU's optimized HLO and buffer assignment (``benchmarks/xla_live.py``:
-    ``equinox_block-donated`` ZeRO-3, ``top2_moe-donated`` ZeRO-3, ``nnx_llama-donated``,
-    ``linen_gpt-donated``; ``tests/test_memory_rules.py``): ``DotDecomposer`` puts a transpose
-    before a dot whose operand is not in an order it reads in place
-    (:func:`~autolayout.costmodel.dotcopy.accepted_orders`); layout assignment makes it a
-    ``copy``, which the fusion passes fuse with the operand's producer (a duplicate of an
-    element-wise producing fusion, reading the producer's operands: ``copy_bitcast_fusion``,
-    ``transpose_copy_fusion``), and the scheduler puts it right after the producer; CSE leaves
-    one copy for the dots that read the same order; each buffer lives to its last reader. So
-    for a materialised value produced in the same computation (not an argument of the step, nor
-    a value from outside a loop body), its readers are grouped by the order they read it in:
-    contractions whose accepted orders meet share a buffer; every other reader (and the caller,
-    for an output) reads the original, in its own order. The model's lifetime of the value
-    (producer to last reader) is the buffer of the group read last; each other group adds a
-    buffer from the producer to its last reader, of the bytes of its dot's copy, or, for the
-    original's group, of the copy the last group reads (0 where the layout lets that dot read
-    the value in place). Both are linear in the layout: a copy's bytes depend only on its
-    operand's dims. The grouping is by the orders of the dims at full size (a layout that
-    leaves a dim of size 1 on a device may let a dot read in place: its copy's bytes are then
-    0). Where contractions read an element-wise value in two orders and the value takes over an
-    operand's buffer (:func:`in_place_operand`), its copy is computed from that operand by a
-    second fusion, so the operand is still live where the value is produced: one more buffer of
-    the copy's bytes there (the operand has the value's shape and dtype). Copies of arguments and of values from outside the
-    loop body count at their dot (:func:`copy_transient_bytes`)."""
-    return _copy_groups(graph)[1]
-
-
-@lru_cache(maxsize=256)
-def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
-    """``(operands whose copies copy_spans places, copy_spans)`` (:func:`copy_spans`)."""
-    units, alloc, free = lifetimes(graph)
-    readers = _readers(graph)
-    outputs = {o.tensor for o in graph.outputs if o.tensor}
-    full = {d.name: d.size for op in graph.ops() for d in op.dims}
-    placed: set[tuple[str, int]] = set()
-    out: dict[str | None, list] = {}
-
-    def place(loop: str | None, t: str, born: int, dies: int, pos: Mapping[str, int],
-              gone: Mapping[str, int]) -> None:
-        src = graph.op(t)
-        if src.output.role in ("input", "param", "opt_state") or not src.materialised:
-            return
-        own = tuple(d.name for d in src.output.shape if full[d.name] > 1)
-        reads = []  # (position, op, operand index, the orders it reads in place)
-        for c in readers[t]:
-            op = graph.op(c)
-            ks = [k for k, x in enumerate(op.inputs) if x == t] if c in pos else []
-            if op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1:
-                reads.append((pos[c], c, ks[0], accepted_orders(op, ks[0], full)))
-            else:  # reads the original, in its own order
-                reads.append((pos.get(c, dies), None, None, frozenset([own])))
-        if not any(r[1] for r in reads):
-            return
-        if t in outputs:
-            reads.append((dies, None, None, frozenset([own])))  # the caller's buffer: its own order
-        groups: list[list] = []  # reads that share a buffer: the original, or one copy
-        for r in sorted(reads, key=lambda r: r[0]):
-            hit = next((g for g in groups if any(r[3] & x[3] for x in g)), None)
-            if hit is None:
-                groups.append([r])
-            else:
-                hit.append(r)
-        placed.update((r[1], r[2]) for r in reads if r[1] is not None)
-        if len(groups) == 1:
-            return
-        ends = [max(g, key=lambda r: r[0]) for g in groups]
-        owner = max(range(len(groups)), key=lambda i: ends[i][0])
-        spans = out.setdefault(loop, [])
-        src = in_place_operand(graph, t, readers)
-        copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
-        if src in gone and gone[src] == born - 1 and copying:
-            # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
-            spans.append((copying[0][1], copying[0][2], born, born))
-        for i, g in enumerate(groups):
-            if i == owner:
-                continue
-            in_place = any(own in r[3] for r in g)  # its buffer is the original: the owner's is a copy
-            by = ends[owner] if in_place else ends[i]
-            if by[1] is not None:
-                spans.append((by[1], by[2], born, ends[i][0]))
-
-    for lp in graph.loops.values():
-        order, last = body_lifetimes(graph, lp)
-        for n in lp.body:
-            place(lp.name, n, order[n], last[n], order, last)
-    top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
-    for n in alloc:
-        place(None, n, alloc[n], free[n], top, free)
-    return frozenset(placed), {k: tuple(v) for k, v in out.items()}
-
-
-def _copy_spans(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:
-    """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``."""
-    out: dict[str | None, list] = {}
-    for loop, spans in copy_spans(graph).items():
-        for n, k, start, stop in spans:
-            b = copies.get(n, ())
-            if len(b) > k and b[k]:
-                out.setdefault(loop, []).append((start, stop, b[k]))
-    return out
 

@@ -10,7 +10,8 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
-from autolayout.costmodel.memory import copy_transient_bytes, peak_memory, stored_bytes
+from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price

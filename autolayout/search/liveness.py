@@ -6,14 +6,14 @@ constraints (one per point: Σ live bytes ≤ limit), so this module lists each
 point's live tensors instead of summing them. Points:
 
 * a top-level unit ``i`` (op or whole scan) of ``graph._schedule()``: every
-  top-level tensor with ``alloc <= i <= free`` (``memory.lifetimes``: arguments
+  top-level tensor with ``alloc <= i <= free`` (``lifetimes.lifetimes``: arguments
   live throughout, outputs from their producer to the end (one written into a donated
   argument's buffer takes none of its own), others to the last op that reads them; a scan's stacked outputs and final carries from the scan's start);
 * inside a scan at unit ``i``: one point per body position ``j`` — the
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
 
-A point also lists the dot operand copies live there (:func:`copy`: ``memory.copy_spans``,
+A point also lists the dot operand copies live there (:func:`copy`: ``copies.copy_spans``,
 from the operand's producer to its dot).
 
 Where the step has outputs that XLA allocates for the whole call
@@ -36,7 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autolayout.costmodel.memory import body_lifetimes, combined_reductions, copy_spans, lifetimes
+from autolayout.costmodel.memory import combined_reductions
+
+from autolayout.costmodel.copies import copy_spans
+
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
 from autolayout.costmodel.outputs import unplaced_output_bytes, whole_call_outputs
 from autolayout.graph import Graph, Loop
 
@@ -71,7 +75,7 @@ def is_held(name: str) -> bool:
 
 def copy(op: str, k: int) -> str:
     """The name under which a live set lists the copy contraction ``op`` reads of its operand
-    ``k`` (:func:`~autolayout.costmodel.memory.copy_spans`), live from the operand's producer to
+    ``k`` (:func:`~autolayout.costmodel.copies.copy_spans`), live from the operand's producer to
     ``op``."""
     return f"{_COPY}{k}:{op}"
 

@@ -50,7 +50,7 @@ from ortools.sat.python import cp_model
 
 from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
-from autolayout.costmodel.memory import copy_spans
+from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
 from autolayout.search.liveness import copy, held, live_peak_of, live_points, peak_of, transient

@@ -29,7 +29,8 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import copy_transient_bytes, stored_itemsize
+from autolayout.costmodel.memory import stored_itemsize
+from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.rules import OpCost, op_cost
@@ -209,7 +210,7 @@ class Tables:
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
         (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, and the
-        operand copies of a contraction, :func:`~autolayout.costmodel.memory.copy_transient_bytes`,
+        operand copies of a contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`,
         as ``predict`` counts them) for each assignment of the group of its dims."""
         dims = self.space.order(self.views.op(op))
         hit = self._transient.get(op.name)
@@ -225,7 +226,7 @@ class Tables:
         """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``
         (``OpCost.operand_copy_bytes[k]``: :func:`~autolayout.costmodel.memory.operand_copy_bytes`,
         0 where read in place; live from the operand's producer on where
-        :func:`~autolayout.costmodel.memory.copy_spans` says so, as ``predict`` counts it) for each
+        :func:`~autolayout.costmodel.copies.copy_spans` says so, as ``predict`` counts it) for each
         assignment of the group of its dims."""
         dims = self.space.order(self.views.op(op))
         hit = self._copies.get((op.name, k))

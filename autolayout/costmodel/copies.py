@@ -1,0 +1,166 @@
+"""XLA:CPU's dot operand copies in peak memory: where a contraction's copy of an operand it
+cannot read in place (:mod:`autolayout.costmodel.dotcopy`; its bytes are
+``memory.operand_copy_bytes``) is live. :func:`copy_spans` places the copies of values computed
+in the step, from the value's producer to their dots, for ``memory.peak_memory`` and the
+search's live sets (``search/liveness.py``); :func:`copy_transient_bytes` charges the others
+while their dot runs.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping
+
+from autolayout.costmodel.dotcopy import accepted_orders
+from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
+from autolayout.graph import Graph, Loop
+
+__all__ = ["copy_spans", "copy_span_bytes", "copy_transient_bytes"]
+
+
+def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> int:
+    """The bytes of operand copies (:func:`operand_copy_bytes`, ``copies``) that contraction
+    ``name`` holds while it runs beside its operands' originals.
+
+    Only the copies of operands that :func:`copy_spans` does not place: arguments of the step
+    and, in a loop body, values from outside it, whose copies XLA makes at the dot. Where the dot
+    is the original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
+    original's place at the dot and adds nothing there; where the original outlives the dot the
+    copy is live beside it while the dot runs. A value computed in the step has its copies
+    placed by :func:`copy_spans` instead, from its producer to their dots."""
+    if not copies or not any(copies):
+        return 0
+    outlives = _copy_outlives(graph).get(name, ())
+    early = _copy_groups(graph)[0]
+    return int(sum(b for k, (b, live) in enumerate(zip(copies, outlives)) if live and (name, k) not in early))
+
+
+@lru_cache(maxsize=256)
+def _copy_outlives(graph: Graph) -> dict[str, tuple[bool, ...]]:
+    """For every contraction of two operands, per operand: whether its original is live after
+    the op runs (:func:`copy_transient_bytes`)."""
+    units, alloc, free = lifetimes(graph)
+    unit_of = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
+    out: dict[str, tuple[bool, ...]] = {}
+    for lp in graph.loops.values():
+        i = next(k for k, u in enumerate(units) if isinstance(u, Loop) and u.name == lp.name)
+        order, last = body_lifetimes(graph, lp)
+        for n in lp.body:
+            op = graph.op(n)
+            if op.kind == "einsum" and len(op.inputs) == 2:
+                out[n] = tuple((last[t] > order[n]) if t in order else (t in free and free[t] >= i)
+                               for t in op.inputs)
+    for n, i in unit_of.items():
+        op = graph.op(n)
+        if op.kind == "einsum" and len(op.inputs) == 2:
+            out[n] = tuple(t in free and free[t] > i for t in op.inputs)
+    return out
+
+
+def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int], ...]]:
+    """Per computation (``None``: the top level; a loop's name: its body), the dot operand copies
+    that take memory of their own before their dot: ``(op, operand index, first position, last
+    position)``, each holding the bytes of ``op``'s copy of that operand
+    (:func:`operand_copy_bytes`: 0 where the layout lets the dot read it in place), positions
+    as in :func:`lifetimes` / :func:`body_lifetimes`. ``peak_memory`` and the search's live sets
+    (``search/liveness.py``) both place copies with this (one rule).
+
+    The rule, from XLA:CPU's optimized HLO and buffer assignment (``benchmarks/xla_live.py``:
+    ``equinox_block-donated`` ZeRO-3, ``top2_moe-donated`` ZeRO-3, ``nnx_llama-donated``,
+    ``linen_gpt-donated``; ``tests/test_memory_rules.py``): ``DotDecomposer`` puts a transpose
+    before a dot whose operand is not in an order it reads in place
+    (:func:`~autolayout.costmodel.dotcopy.accepted_orders`); layout assignment makes it a
+    ``copy``, which the fusion passes fuse with the operand's producer (a duplicate of an
+    element-wise producing fusion, reading the producer's operands: ``copy_bitcast_fusion``,
+    ``transpose_copy_fusion``), and the scheduler puts it right after the producer; CSE leaves
+    one copy for the dots that read the same order; each buffer lives to its last reader. So
+    for a materialised value produced in the same computation (not an argument of the step, nor
+    a value from outside a loop body), its readers are grouped by the order they read it in:
+    contractions whose accepted orders meet share a buffer; every other reader (and the caller,
+    for an output) reads the original, in its own order. The model's lifetime of the value
+    (producer to last reader) is the buffer of the group read last; each other group adds a
+    buffer from the producer to its last reader, of the bytes of its dot's copy, or, for the
+    original's group, of the copy the last group reads (0 where the layout lets that dot read
+    the value in place). Both are linear in the layout: a copy's bytes depend only on its
+    operand's dims. The grouping is by the orders of the dims at full size (a layout that
+    leaves a dim of size 1 on a device may let a dot read in place: its copy's bytes are then
+    0). Where contractions read an element-wise value in two orders and the value takes over an
+    operand's buffer (:func:`in_place_operand`), its copy is computed from that operand by a
+    second fusion, so the operand is still live where the value is produced: one more buffer of
+    the copy's bytes there (the operand has the value's shape and dtype). Copies of arguments and of values from outside the
+    loop body count at their dot (:func:`copy_transient_bytes`)."""
+    return _copy_groups(graph)[1]
+
+
+@lru_cache(maxsize=256)
+def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
+    """``(operands whose copies copy_spans places, copy_spans)`` (:func:`copy_spans`)."""
+    units, alloc, free = lifetimes(graph)
+    readers = readers_of(graph)
+    outputs = {o.tensor for o in graph.outputs if o.tensor}
+    full = {d.name: d.size for op in graph.ops() for d in op.dims}
+    placed: set[tuple[str, int]] = set()
+    out: dict[str | None, list] = {}
+
+    def place(loop: str | None, t: str, born: int, dies: int, pos: Mapping[str, int],
+              gone: Mapping[str, int]) -> None:
+        src = graph.op(t)
+        if src.output.role in ("input", "param", "opt_state") or not src.materialised:
+            return
+        own = tuple(d.name for d in src.output.shape if full[d.name] > 1)
+        reads = []  # (position, op, operand index, the orders it reads in place)
+        for c in readers[t]:
+            op = graph.op(c)
+            ks = [k for k, x in enumerate(op.inputs) if x == t] if c in pos else []
+            if op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1:
+                reads.append((pos[c], c, ks[0], accepted_orders(op, ks[0], full)))
+            else:  # reads the original, in its own order
+                reads.append((pos.get(c, dies), None, None, frozenset([own])))
+        if not any(r[1] for r in reads):
+            return
+        if t in outputs:
+            reads.append((dies, None, None, frozenset([own])))  # the caller's buffer: its own order
+        groups: list[list] = []  # reads that share a buffer: the original, or one copy
+        for r in sorted(reads, key=lambda r: r[0]):
+            hit = next((g for g in groups if any(r[3] & x[3] for x in g)), None)
+            if hit is None:
+                groups.append([r])
+            else:
+                hit.append(r)
+        placed.update((r[1], r[2]) for r in reads if r[1] is not None)
+        if len(groups) == 1:
+            return
+        ends = [max(g, key=lambda r: r[0]) for g in groups]
+        owner = max(range(len(groups)), key=lambda i: ends[i][0])
+        spans = out.setdefault(loop, [])
+        src = in_place_operand(graph, t, readers)
+        copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
+        if src in gone and gone[src] == born - 1 and copying:
+            # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
+            spans.append((copying[0][1], copying[0][2], born, born))
+        for i, g in enumerate(groups):
+            if i == owner:
+                continue
+            in_place = any(own in r[3] for r in g)  # its buffer is the original: the owner's is a copy
+            by = ends[owner] if in_place else ends[i]
+            if by[1] is not None:
+                spans.append((by[1], by[2], born, ends[i][0]))
+
+    for lp in graph.loops.values():
+        order, last = body_lifetimes(graph, lp)
+        for n in lp.body:
+            place(lp.name, n, order[n], last[n], order, last)
+    top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
+    for n in alloc:
+        place(None, n, alloc[n], free[n], top, free)
+    return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+
+
+def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:
+    """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``."""
+    out: dict[str | None, list] = {}
+    for loop, spans in copy_spans(graph).items():
+        for n, k, start, stop in spans:
+            b = copies.get(n, ())
+            if len(b) > k and b[k]:
+                out.setdefault(loop, []).append((start, stop, b[k]))
+    return out

@@ -1,0 +1,165 @@
+"""Lifetimes of a step's tensors in the traced schedule, as XLA's buffer assignment has them
+(the rules are listed in :mod:`autolayout.costmodel.memory`'s docstring): :func:`lifetimes` for
+the top level, :func:`body_lifetimes` for a scan's body, the element-wise ops that write their
+result over an operand (:func:`in_place_operand`) and the residual chain written into a loop's
+state (:func:`loop_state_chain`). ``memory.peak_memory``, the dot operand copies
+(:mod:`autolayout.costmodel.copies`) and the search's live sets (``search/liveness.py``) all
+read them.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from autolayout.graph import Graph, Loop
+
+__all__ = ["lifetimes", "body_lifetimes", "readers_of", "in_place_operand", "loop_state_chain"]
+
+
+def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
+    """Schedule units and, for every top-level tensor that takes memory of its own, the
+    units it is allocated and last live at (scan bodies are handled by
+    :func:`body_lifetimes`). Arguments span the whole step, outputs from their producer (module
+    docstring); an output that reuses a donated argument's buffer is left out."""
+    units = graph.schedule
+    unit_of: dict[str, int] = {}
+    for i, u in enumerate(units):
+        if isinstance(u, Loop):
+            for n in u.body:
+                unit_of[n] = i
+        else:
+            unit_of[u] = i
+    # stacked outputs exist while their loop runs; a final carry is the loop state, which
+    # the body counts while it runs (its carried values), so it takes memory from its own unit
+    for i, u in enumerate(units):
+        if isinstance(u, Loop):
+            for n in u.stacks:
+                unit_of[n] = min(unit_of[n], i)
+    end = len(units)
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    body_of = {n for lp in graph.loops.values() for n in lp.body}
+    reusing = set(getattr(graph, "donated", {}))  # outputs written into a donated argument's buffer
+    readers = readers_of(graph)
+    alloc: dict[str, int] = {}
+    free: dict[str, int] = {}
+    for t in graph.tensors():
+        if t.name in body_of or t.name in reusing:
+            continue
+        if t.role in ("input", "param", "opt_state"):
+            alloc[t.name], free[t.name] = 0, end
+            continue
+        alloc[t.name] = unit_of[t.name]
+        free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
+    for i, u in enumerate(units):
+        if not isinstance(u, Loop):
+            src = in_place_operand(graph, u, readers)
+            if src in free and free[src] == unit_of[u] and alloc[src] < unit_of[u]:
+                free[src] = unit_of[u] - 1  # its buffer becomes u's
+            continue
+        for c, _ in u.carries:  # an initial value read last by its loop becomes the loop state
+            for src in graph.op(c).inputs:
+                if src in free and free[src] == i and alloc[src] < i and src not in outputs:
+                    free[src] = i - 1
+    return units, alloc, free
+
+
+def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """For every tensor, the ops that read it from memory: its consumers, a fused
+    consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
+    the ops it is fused into."""
+    out: dict[str, tuple[str, ...]] = {}
+
+    def of(name: str) -> tuple[str, ...]:
+        hit = out.get(name)
+        if hit is None:
+            acc: list[str] = []
+            for c in graph.consumers(name):
+                op = graph.op(c)
+                if not op.materialised:
+                    acc.extend(of(c))
+                else:
+                    acc.append(c)
+            hit = out[name] = tuple(dict.fromkeys(acc))
+        return hit
+
+    for name in graph.order:
+        of(name)
+    return out
+
+
+def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, ...]]) -> str | None:
+    """The operand whose buffer element-wise op ``name`` may write its result into: a
+    materialised tensor it reads (directly or through fused element-wise ops) with the same
+    dims and dtype, not an argument or output (XLA never overwrites those unless donated).
+    Whether that read is the operand's last is the caller's check."""
+    op = graph.op(name)
+    if op.kind != "elementwise" or not op.materialised:
+        return None
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    seen: set[str] = set()
+    stack = list(op.inputs)
+    while stack:
+        n = stack.pop(0)
+        if n in seen:
+            continue
+        seen.add(n)
+        src = graph.op(n)
+        if not src.materialised and src.kind == "elementwise":
+            stack.extend(src.inputs)  # fused into this op: read its operands
+            continue
+        t = src.output
+        if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
+                and t.shape == op.output.shape and t.dtype == op.output.dtype):
+            return n
+    return None
+
+
+def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
+    """Position in the body and last live position of each body tensor (carried values
+    and values read outside the body live for the whole iteration; element-wise ops write
+    over an operand read for the last time, as at the top level)."""
+    order = {n: i for i, n in enumerate(lp.body)}
+    end = len(lp.body)
+    carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
+    readers = readers_of(graph)
+    last = {}
+    for n in lp.body:
+        users = [order[c] for c in readers[n] if c in order]
+        outside = any(c not in order for c in readers[n])
+        last[n] = end if (n in carried or outside) else max(users, default=order[n])
+    for n in lp.body:
+        src = in_place_operand(graph, n, readers)
+        if src in order and last[src] == order[n] and order[src] < order[n]:
+            last[src] = order[n] - 1
+    for c, _ in lp.carries:
+        for n in loop_state_chain(graph, lp, c, readers):
+            last[n] = order[n] - 1  # written into the loop state's buffer, which the carry counts
+    return order, last
+
+
+def loop_state_chain(graph: Graph, lp: Loop, carry: str,
+                     readers: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The body's values that XLA writes into the buffer of the loop state ``carry``: an
+    element-wise op that reads the carried value for the last time writes its result over it
+    (:func:`in_place_operand`, as anywhere else), and so on down the chain, typically to the
+    next carried value (a residual stream: ``x + attn`` then ``+ mlp``). The carry counts that
+    buffer for the whole iteration (the loop state is one buffer: module docstring), so these
+    values take none of their own. Measured in XLA:CPU's buffer assignment of the
+    ``transformer_lm`` forward scan: the loop state, both residual adds and the initial value
+    share one allocation and offset (``wide.param{1}``, ``wrapped_add.1``, ``wrapped_add.2``;
+    ``benchmarks/xla_live.py``). A value also read outside the body other than by the scan's
+    result (stacked for the backward pass) ends the chain."""
+    readers = readers_of(graph) if readers is None else readers
+    order = {n: i for i, n in enumerate(lp.body)}
+    finals = {r for r, _ in lp.results}  # the scan's result reads the loop state after the loop
+    chain: list[str] = []
+    cur = carry
+    while True:
+        users = [order[r] for r in readers[cur] if r in order]
+        if not users:
+            return chain
+        nxt = lp.body[max(users)]
+        if (in_place_operand(graph, nxt, readers) != cur or order[nxt] <= order[cur]
+                or any(r not in order and r not in finals for r in readers[nxt])):
+            return chain
+        chain.append(nxt)
+        cur = nxt
