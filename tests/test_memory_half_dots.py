@@ -20,7 +20,7 @@ from autolayout.costmodel.profiles import get_hardware, known_hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import live_points, peak_of
-from autolayout.search.solver import sizes_of
+from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from storage_variants import storage_variants

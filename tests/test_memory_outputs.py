@@ -77,7 +77,7 @@ def test_search_meets_the_limit_with_outputs_allocated_for_the_whole_call():
     from autolayout.core import Mesh
     from autolayout.search import enumerate_layouts, search
     from autolayout.search.model import Decoded
-    from autolayout.search.solver import sizes_of
+    from autolayout.search.warm import sizes_of
     from autolayout.search.tables import Tables
 
     xs = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)

@@ -31,7 +31,7 @@ from autolayout.costmodel.lifetimes import lifetimes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_copy, is_held, live_points, peak_of
-from autolayout.search.solver import sizes_of
+from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from storage_variants import storage_variants

@@ -22,7 +22,7 @@ from autolayout.costmodel.overlap import domain_of, overlappable, split, step_ti
 from autolayout.costmodel.rules import check_op, op_cost
 from autolayout.search import SearchError, SearchResult, enumerate_layouts, layout, mesh_shapes, search
 from autolayout.search.liveness import live_points, peak_of
-from autolayout.search.solver import sizes_of
+from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from storage_variants import storage_variants

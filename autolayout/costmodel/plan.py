@@ -39,7 +39,7 @@ Compute is a per-device roofline on the local sizes (``rules.price``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Place
                                             mesh_order, move_steps, moves, reduce_target, reduction)
 from autolayout.costmodel.regions import EMPTY as EMPTY_REGIONS
 from autolayout.costmodel.regions import NORM, Regions, region_axes, regions
-from autolayout.costmodel.storage import (BOUNDARY, REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
+from autolayout.costmodel.storage import (REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
                                           storage_shards)
 from autolayout.graph import Graph, Op
 from autolayout.schedule import identity_groups
@@ -356,7 +356,7 @@ class Planner:
               computed: Placement, out_stored: Placement, moved: bool) -> tuple[int, int]:
         """Local flops and HBM bytes of one execution (only materialised tensors are read or
         written, see graph._with_fusion; a local reshape moves nothing worth counting)."""
-        g, mesh, sizes = self.graph, self.mesh, self.sizes
+        mesh, sizes = self.mesh, self.sizes
         if flat is not None:
             n = flat.local_elements(sizes, mesh)
             flops = n if op.kind == "elementwise" else 0

@@ -39,7 +39,7 @@ from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import held_bytes, stored_itemsize, transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.rules import price
-from autolayout.costmodel.storage import REDUCING, StorageShard, gradient_walk, opt_state_of, storage_shard
+from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
 from autolayout.search.liveness import held as held_name, transient
 from autolayout.costmodel.overlap import domain_of, split

@@ -1,0 +1,171 @@
+"""The search's warm start and a layout's sizes: :func:`greedy`, a local search over the tables
+(the module docstring of :mod:`autolayout.search.solver` says how the solver uses it), the
+storage choices that go with a layout's axes (:func:`with_least_memory_wus`,
+:func:`with_best_wus`), and :func:`sizes_of`, the local bytes of every name of the live sets
+under a point, as ``predict`` counts them.
+"""
+from __future__ import annotations
+
+from autolayout.costmodel.copies import copy_spans
+from autolayout.costmodel.plan import SOURCES
+from autolayout.search.liveness import copy, held, peak_of, transient
+from autolayout.search.model import Decoded, canonical_columns, evaluate_time
+from autolayout.search.tables import Tables
+from autolayout.search.wus import WusParam
+
+__all__ = ["greedy", "sizes_of", "with_best_wus", "with_least_memory_wus"]
+
+
+def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, int]:
+    """Local bytes of every tensor under ``point`` (with the WUS shrink), as ``predict`` counts them."""
+    sizes = {}
+    for t in tables.graph.tensors():
+        dims = tables.tensor_dims(t)
+        sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
+        if tables.graph.op(t.name).kind not in SOURCES:  # bytes the op holds while it runs
+            dims, vec = tables.transient_bytes(tables.graph.op(t.name))
+            sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+            dims, vec = tables.held_bytes(tables.graph.op(t.name))
+            sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+    for spans in copy_spans(tables.graph).values():  # dot operand copies live before their dot
+        for n, k, _, _ in spans:
+            dims, vec = tables.copy_bytes(tables.graph.op(n), k)
+            sizes[copy(n, k)] = int(vec[tables.restrict(point.axes_of, dims)])
+    for k, j in point.active:
+        for n, b in wus[k].options[j].dbytes.items():
+            sizes[n] = sizes.get(n, 0) + b
+    return sizes
+
+
+def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limit: int = 0) -> Decoded:
+    """Warm start by local search over the tables (see module docstring).
+
+    Moves: give one dim any allowed axis subset, evicting conflicting dims from
+    those axes. Best improvement first, from two starts (unsplit; every axis on
+    the first dim of the largest tensor input's dims that divides, i.e. data
+    parallel when that dim is the batch), until no move improves. The result is
+    put in canonical column order and takes the WUS options that save time. With the
+    liveness ``points`` of a memory ``limit``, a result over the limit is then moved, one
+    dim at a time, to the layout closest to fitting (each parameter stored in its smallest
+    option) until one fits; if none does, the time start is returned.
+    """
+    space = tables.space
+
+    def cost(axes_of: dict) -> float:
+        return evaluate_time(tables, wus, with_best_wus(tables, wus, axes_of))
+
+    virtual = {space.base[v]: v for v in space.dims if space.base[v] != v}
+
+    def moves(axes_of: dict):
+        for d in space.dims:
+            for combo in space.subsets[d]:
+                if combo == axes_of.get(d, ()):
+                    continue
+                cand = {k: v for k, v in axes_of.items() if k != d}
+                for o in space.conflicts[d]:
+                    if o in cand and set(cand[o]) & set(combo):
+                        kept = tuple(a for a in cand[o] if a not in combo)
+                        if kept in space.subsets[o]:
+                            cand[o] = kept
+                        else:
+                            cand.pop(o)
+                    if o in cand and not cand[o]:
+                        cand.pop(o)
+                if combo:
+                    cand[d] = combo
+                v = virtual.get(d)
+                if v is not None and not set(combo) <= set(cand.get(v, ())):
+                    grown = space.mesh_order(set(cand.get(v, ())) | set(combo))
+                    if grown not in space.subsets[v]:
+                        continue
+                    cand[v] = grown  # the region keeps its base dim's axes
+                if consistent(cand):
+                    yield cand
+
+    def consistent(axes_of: dict) -> bool:
+        """A region dim keeps its base dim's axes, and evictions kept every tensor legal."""
+        for b, v in virtual.items():
+            if not set(axes_of.get(b, ())) <= set(axes_of.get(v, ())):
+                return False
+        for grp in space.groups:
+            used = [a for d in grp for a in axes_of.get(d, ())]
+            if len(used) != len(set(used)):
+                return False
+        return True
+
+    def descend(axes_of: dict) -> tuple[float, dict]:
+        best = cost(axes_of)
+        while True:
+            move, move_t = None, best
+            for cand in moves(axes_of):
+                t = cost(cand)
+                if t < move_t * (1 - 1e-12):
+                    move, move_t = cand, t
+            if move is None:
+                return best, axes_of
+            axes_of, best = move, move_t
+
+    starts = [{}]
+    inputs = [t for t in tables.graph.tensors() if t.role == "input"]
+    if inputs:
+        big = max(inputs, key=lambda t: t.size)
+        for d in big.dim_names:
+            full = tuple(space.axes)
+            if d in space.subsets and full in space.subsets[d]:
+                start = {d: full}
+                if d in virtual and full in space.subsets[virtual[d]]:
+                    start[virtual[d]] = full  # the region keeps the batch's axes
+                if consistent(start):
+                    starts.append(start)
+                break
+    best_t, best = min((descend(s) for s in starts), key=lambda r: r[0])
+    warm = with_best_wus(tables, wus, canonical_columns(tables, best))
+    if not points or peak_of(points, sizes_of(tables, wus, warm))[0] <= limit:
+        return warm
+
+    # over the memory limit: descend on (bytes over the limit, time) with each parameter's
+    # smallest storage option, until a layout fits (a hint CP-SAT starts from, and a bound)
+    def over(axes_of: dict) -> tuple[int, float]:
+        pt = with_least_memory_wus(tables, wus, axes_of)
+        return max(peak_of(points, sizes_of(tables, wus, pt))[0] - limit, 0), evaluate_time(tables, wus, pt)
+
+    axes_of, score = best, over(best)
+    while score[0] > 0:
+        move, move_s = None, score
+        for cand in moves(axes_of):
+            sc = over(cand)
+            if sc < move_s:
+                move, move_s = cand, sc
+        if move is None:
+            break  # no single move brings it closer to fitting: CP-SAT searches from the time start
+        axes_of, score = move, move_s
+    if score[0] > 0:
+        return warm
+    return with_least_memory_wus(tables, wus, canonical_columns(tables, axes_of))
+
+
+def with_least_memory_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
+    """``axes_of`` with, per parameter, the storage option that shrinks its tensors the most
+    (fewest bytes summed over them; then the faster), if any shrinks them."""
+    active, upd = [], {}
+    for k, p in enumerate(wus):
+        i = tables.restrict(axes_of, p.dims)
+        best = min(((sum(p.options[j].dbytes.values()), p.options[j].dtime, j) for j in p.at(i)), default=None)
+        if best is not None and best[0] < 0:
+            o = p.options[best[2]]
+            active.append((k, best[2]))
+            upd[p.param] = (o.axes, o.stage)
+    return Decoded(axes_of, upd, active)
+
+
+def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
+    """``axes_of`` with, per parameter, the storage option that saves the most time (if any)."""
+    active, upd = [], {}
+    for k, p in enumerate(wus):
+        i = tables.restrict(axes_of, p.dims)
+        best = min(((p.options[j].dtime, j) for j in p.at(i)), default=None)
+        if best is not None and best[0] < 0:
+            o = p.options[best[1]]
+            active.append((k, best[1]))
+            upd[p.param] = (o.axes, o.stage)
+    return Decoded(axes_of, upd, active)
