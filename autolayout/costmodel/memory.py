@@ -79,7 +79,7 @@ from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
-from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.storage import gradient_walk
@@ -261,7 +261,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     spans = copy_span_bytes(graph, copies or {})
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
-    whole = _output_peak(graph, size, temps, held, units, alloc, free, spans)  # outputs allocated for the whole call
+    whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined)  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None), units, held)
@@ -293,10 +293,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     body_live, body_op, body_at = bodies.get(best_at, (0, [], None, 0))[1:]
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
-    breakdown["activations"] += sum(b for start, stop, b in spans.get(None, ()) if start <= best_at <= stop)
+    breakdown["activations"] += sum(b for _, b in _copies_at(spans.get(None, ()), best_at))
     if isinstance(units[best_at] if units else None, Loop):
-        breakdown["activations"] += sum(b for start, stop, b in spans.get(units[best_at].name, ())
-                                        if start <= body_at <= stop)
+        breakdown["activations"] += sum(b for _, b in _copies_at(spans.get(units[best_at].name, ()), body_at))
     unit = units[best_at] if units else None
     if isinstance(unit, Loop):
         breakdown["transient"] = (temps.get(body_op, 0)
@@ -343,20 +342,20 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
-                 spans: Mapping[str | None, list]) -> tuple[int, dict] | None:
+                 spans: Mapping[str | None, list], combined: Mapping) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
     bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
     :func:`copy_span_bytes` live there) plus ``outputs.unplaced_output_bytes`` of
-    the outputs not yet written there. The points are those of ``search.liveness.live_points``.
+    the outputs not yet written there (``combined``: :func:`combined_reductions`). The points are
+    those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
     if not written:
         return None
-    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
-    combined = combined_reductions(graph)
+    args = step_arguments(graph)
     best: tuple[int, list, list, list, list] | None = None  # (total, names, extras, free outputs, placed)
 
     def point(i: int, names: list, extras: list[tuple[str, int]]) -> None:

@@ -13,14 +13,20 @@ from typing import Sequence
 
 from autolayout.graph import Graph
 
-__all__ = ["whole_call_outputs", "output_placement", "unplaced_output_bytes"]
+__all__ = ["step_arguments", "whole_call_outputs", "output_placement", "unplaced_output_bytes"]
+
+
+def step_arguments(graph: Graph) -> frozenset[str]:
+    """The step's arguments (inputs, parameters, optimizer state): the caller's buffers, never
+    temporaries an output allocation could hold."""
+    return frozenset(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state"))
 
 
 def whole_call_outputs(graph: Graph) -> frozenset[str]:
     """The step's outputs that XLA allocates for the whole call (:func:`output_placement`): every
     output tensor that is not an argument passed through and does not reuse a donated
     argument's buffer (``graph.donated``: XLA writes it over that argument, ``alias``)."""
-    args = {t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")}
+    args = step_arguments(graph)
     reusing = set(getattr(graph, "donated", {}))
     return frozenset(s.tensor for s in graph.outputs if s.tensor and s.tensor not in args | reusing)
 

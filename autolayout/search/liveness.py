@@ -41,7 +41,7 @@ from autolayout.costmodel.memory import combined_reductions
 from autolayout.costmodel.copies import copy_spans
 
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
-from autolayout.costmodel.outputs import unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
@@ -150,8 +150,7 @@ def live_points(graph: Graph) -> LivePoints:
             add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i), top)
         for j, (body, op, waiting) in enumerate(bodies):
             add(live + body, op, waiting, top + copies_at(u.name, j))
-    args = frozenset(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state"))
-    return LivePoints(points, whole_call_outputs(graph), args)
+    return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
 
 
 def _waiting(group: tuple[int, tuple[str, ...]] | None, units, i: int) -> tuple[str, ...]:
