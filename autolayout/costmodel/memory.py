@@ -81,7 +81,7 @@ from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
-from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.costmodel.plan import OpPlan, grad_of, shared_reads
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
@@ -248,17 +248,21 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
-                copies: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, dict]:
+                copies: Mapping[str, tuple[int, ...]] | None = None,
+                gathered: Mapping[str, Mapping[str, int]] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
     reduction (:func:`held_bytes`, :func:`combined_reductions`) and the operand copies
     ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
-    producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``)."""
+    producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
+    and the converted copies ``gathered[op][tensor]`` an op makes for later readers too
+    (``OpCost.span_bytes``), live from it to the last of them (``plan.shared_reads``; counted as
+    ``transient``)."""
     temps = temps or {}
     held = held or {}
-    spans = copy_span_bytes(graph, copies or {})
+    spans = _spans(graph, copies or {}, gathered or {})
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined)  # outputs allocated for the whole call
@@ -271,7 +275,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     for n in alloc:
         delta[alloc[n]] += size[n]
         delta[free[n] + 1] -= size[n]
-    for (start, stop, b) in spans.get(None, ()):
+    for (start, stop, b, _) in spans.get(None, ()):
         delta[start] += b
         delta[stop + 1] -= b
     best, best_at, running = -1, 0, 0
@@ -293,9 +297,11 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     body_live, body_op, body_at = bodies.get(best_at, (0, [], None, 0))[1:]
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
-    breakdown["activations"] += sum(b for _, b in _copies_at(spans.get(None, ()), best_at))
+    here = _copies_at(spans.get(None, ()), best_at)
     if isinstance(units[best_at] if units else None, Loop):
-        breakdown["activations"] += sum(b for _, b in _copies_at(spans.get(units[best_at].name, ()), body_at))
+        here += _copies_at(spans.get(units[best_at].name, ()), body_at)
+    for what, b in here:
+        breakdown["activations" if what == "copy" else "transient"] += b
     unit = units[best_at] if units else None
     if isinstance(unit, Loop):
         breakdown["transient"] = (temps.get(body_op, 0)
@@ -327,7 +333,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
     for n in lp.body:
         delta[order[n]] += size[n]
         delta[last[n] + 1] -= size[n]
-    for start, stop, b in spans:
+    for start, stop, b, _ in spans:
         delta[start] += b
         delta[stop + 1] -= b
     best, best_at, running = 0, 0, 0
@@ -400,9 +406,22 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
 
 
 def _copies_at(spans, i: int) -> list[tuple[str, int]]:
-    """The operand copies (``(start, stop, bytes)`` of :func:`copy_span_bytes`) live at position ``i``,
-    one buffer each."""
-    return [("copy", b) for start, stop, b in spans if start <= i <= stop]
+    """The buffers of :func:`_spans` live at position ``i`` (``(kind, bytes)``, one buffer each)."""
+    return [(what, b) for start, stop, b, what in spans if start <= i <= stop]
+
+
+def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]],
+           gathered: Mapping[str, Mapping[str, int]]) -> dict[str | None, list[tuple[int, int, int, str]]]:
+    """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
+    the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
+    the conversions shared by later readers (``plan.shared_reads``, ``"gathered"``)."""
+    out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
+    for loop, group in shared_reads(graph)[1].items():
+        for prov, t, start, stop in group:
+            b = gathered.get(prov, {}).get(t, 0)
+            if b:
+                out.setdefault(loop, []).append((start, stop, b, "gathered"))
+    return out
 
 
 def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,

@@ -121,6 +121,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
     copies: dict[str, tuple[int, ...]] = {}
+    gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (plan.shared_reads)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
     terms: dict[str, float] = {}  # overlap.split's terms, summed per key
@@ -134,6 +135,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             held[op.name] = oc.held_bytes
         if oc.operand_copy_bytes:
             copies[op.name] = oc.operand_copy_bytes
+        if any(oc.span_bytes):
+            gathered[op.name] = {t: b for t, b in zip(op.inputs, oc.span_bytes) if b}
         lin, parts = split(oc, op, overlap)
         linear += lin * n
         for key, v in parts.items():
@@ -153,7 +156,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies)
+    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
+                                     gathered)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -88,6 +88,9 @@ class OpCost:
     # per operand, the bytes of the copy XLA:CPU makes of it for the dot (0: read in place;
     # :func:`~autolayout.costmodel.memory.operand_copy_bytes`); () where hw.dot_operand_copies is off
     operand_copy_bytes: tuple[int, ...] = ()
+    # per operand (``op.inputs``' order), the bytes of the copy the op converts for later readers
+    # too, held from this op to the last of them (``OpPlan.span_bytes``, ``plan.shared_reads``)
+    span_bytes: tuple[int, ...] = ()
 
     @property
     def time_s(self) -> float:
@@ -158,7 +161,8 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
     return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped),
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
-                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies)
+                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,
+                  tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else ())
 
 
 def _sizes(op: Op) -> dict[str, int]:
@@ -166,12 +170,15 @@ def _sizes(op: Op) -> dict[str, int]:
 
 
 def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions | None = None,
-            overlap: Overlap = NO_OVERLAP) -> OpCost:
+            overlap: Overlap = NO_OVERLAP, shared: tuple[str, ...] = (), provides: tuple[str, ...] = ()) -> OpCost:
     """Per-device cost of one execution of ``op`` when each dim ``d`` is split over
     ``axes_of[d]`` (missing = unsplit; ``d@norm`` where the norm region of ``regions`` has
     it) and every tensor is stored as those rules say. Only the op's own dims are read, so
-    the search can cost each signature class once per assignment."""
-    planner = Planner(_OpGraph(op), mesh, axes_of, regions=regions)
+    the search can cost each signature class once per assignment. ``shared``: the inputs it
+    reads from an earlier op's conversion, ``provides``: those it converts for later readers
+    too (``plan.shared_reads`` of its graph)."""
+    sharing = ({(op.name, t): "" for t in shared}, {(op.name, t) for t in provides})
+    planner = Planner(_OpGraph(op), mesh, axes_of, regions=regions, sharing=sharing)
     return price(planner.op_plan(op), op, mesh, hw, overlap)
 
 

@@ -40,7 +40,8 @@ from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.regions import NORM, Regions, region_axes
 from autolayout.graph import Graph
 
-__all__ = ["StorageShard", "storage_shards", "storage_shard", "gradient_walk", "grad_of", "opt_state_of", "REDUCING", "BOUNDARY"]
+__all__ = ["StorageShard", "storage_shards", "storage_shard", "gradient_walk", "grad_of", "opt_state_of", "update_ops",
+           "REDUCING", "BOUNDARY"]
 
 REDUCING = ("einsum", "reduce", "gather", "scatter")
 BOUNDARY = ("stack", "result", "carry")
@@ -349,6 +350,22 @@ def _shard_sets(graph: Graph, pname: str, axes: tuple[str, ...], factor: int, di
     return StorageShard(pname, axes, factor, dim, stage, reduce_ops, frozenset(scatter),
                         frozenset(partial), frozenset(partial_ops), frozenset(stored), frozenset(computed),
                         new_param, tuple(states))
+
+
+@lru_cache(maxsize=256)
+def update_ops(graph: Graph) -> frozenset[str]:
+    """The ops that a storage shard may compute on the shard, whatever the layout: every
+    parameter's update ops (its update region) and its weight chain (:func:`_weight_chain`:
+    at stage 3 its slices and casts stay sharded). Their reads of a tensor never take part in
+    a conversion shared with other readers (``plan.shared_reads``)."""
+    out: set[str] = set()
+    for t in graph.tensors():
+        if t.role != "param":
+            continue
+        if grad_of(graph, t.name) is not None:
+            out |= _update_region(graph, t.name)[0]
+        out |= _weight_chain(graph, t.name)
+    return frozenset(out)
 
 
 @lru_cache(maxsize=1024)

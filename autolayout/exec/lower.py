@@ -60,6 +60,7 @@ class ShardProgram(Interpreter, LocalOps):
         self.in_specs = tuple(self.spec(n) for n in self.g.input_names)
         self.out_specs = tuple(self.spec(n) for n in self.out_tensors)
         self.flat_io = {n for n in (*self.g.input_names, *self.out_tensors) if plan.placements[n].flat}
+        self._converted: dict[tuple[str, str], Any] = {}  # (op, input) -> its converted copy, for sharers
 
     # ------------------------------------------------------------------ shapes
     def nsplit(self, axes: tuple[str, ...]) -> int:
@@ -118,7 +119,14 @@ class ShardProgram(Interpreter, LocalOps):
             raise LoweringError(f"internal: source {op.name!r} missing from the inputs")
         if op.kind == "constant":
             return self.constant(op, _axes(p.out))
-        ins = {i: self._read(i, env[i], p) for i in dict.fromkeys(op.inputs)}
+        ins = {}
+        for i in dict.fromkeys(op.inputs):
+            if i in p.shared:  # the conversion an earlier reader made (plan.shared_reads)
+                ins[i] = self._converted[(p.shared[i], i)]
+                continue
+            ins[i] = self._read(i, env[i], p)
+            if i in p.span_bytes:
+                self._converted[(op.name, i)] = ins[i]
         dims = op.output.dim_names
         if p.flat is not None:
             for i in ins:  # operands with fewer dims are broadcast into the shard, locally

@@ -14,7 +14,8 @@ point's live tensors instead of summing them. Points:
   values and values used outside the body live for the whole iteration).
 
 A point also lists the dot operand copies live there (:func:`copy`: ``copies.copy_spans``,
-from the operand's producer to its dot).
+from the operand's producer to its dot) and the converted copies that later readers share
+(:func:`gathered`: ``plan.shared_reads``, from the first reader to the last).
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -42,14 +43,16 @@ from autolayout.costmodel.copies import copy_spans
 
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.plan import shared_reads
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
-           "copy", "is_copy", "copy_operand", "op_of"]
+           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
 _COPY = "\x00copy:"
+_GATHERED = "\x00gathered:"
 
 
 def transient(op: str) -> str:
@@ -89,10 +92,28 @@ def copy_operand(name: str) -> int:
     return int(name[len(_COPY):].split(":", 1)[0])
 
 
+def gathered(op: str, tensor: str) -> str:
+    """The name under which a live set lists the copy of ``tensor`` that ``op`` converts for
+    later readers too (``OpCost.span_bytes``; ``plan.shared_reads``), live from ``op`` to the
+    last of them."""
+    return f"{_GATHERED}{op}\x00{tensor}"
+
+
+def is_gathered(name: str) -> bool:
+    return name.startswith(_GATHERED)
+
+
+def gathered_tensor(name: str) -> str:
+    """The tensor of a :func:`gathered` name."""
+    return name[len(_GATHERED):].split("\x00", 1)[1]
+
+
 def op_of(name: str) -> str:
-    """The op of a :func:`transient`, :func:`held` or :func:`copy` name."""
+    """The op of a :func:`transient`, :func:`held`, :func:`copy` or :func:`gathered` name."""
     if is_copy(name):
         return name[len(_COPY):].split(":", 1)[1]
+    if is_gathered(name):
+        return name[len(_GATHERED):].split("\x00", 1)[0]
     return name[len(_HELD if is_held(name) else _TRANSIENT):]
 
 
@@ -128,6 +149,7 @@ def live_points(graph: Graph) -> LivePoints:
     units, alloc, free = lifetimes(graph)
     combined = combined_reductions(graph)
     spans = copy_spans(graph)
+    shared = shared_reads(graph)[1]
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
@@ -140,7 +162,8 @@ def live_points(graph: Graph) -> LivePoints:
             points.append(key)
 
     def copies_at(loop: str | None, i: int) -> tuple[str, ...]:
-        return tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop)
+        return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop)
+                + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ()) if start <= i <= stop))
 
     for i, u in enumerate(units):
         live = [n for n in alloc if alloc[n] <= i <= free[n]]

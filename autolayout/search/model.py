@@ -45,7 +45,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import copy_operand, is_copy, is_held, is_transient, op_of
+from autolayout.search.liveness import copy_operand, gathered_tensor, is_copy, is_gathered, is_held, is_transient, op_of
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -349,6 +349,8 @@ class LayoutModel:
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
             elif is_copy(n):  # a dot operand copy live before its dot
                 dims, vec = tables.copy_bytes(graph.op(op_of(n)), copy_operand(n))
+            elif is_gathered(n):  # a conversion later readers share, live from its op to the last
+                dims, vec = tables.gathered_bytes(graph.op(op_of(n)), gathered_tensor(n))
             else:
                 t = graph.tensor(n)
                 dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)

@@ -33,6 +33,7 @@ from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
+from autolayout.costmodel.plan import shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
@@ -102,6 +103,8 @@ class Tables:
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
+        self._gathered: dict[tuple[str, str], np.ndarray] = {}
+        self._providing: set[tuple[str, str]] | None = None
         self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
@@ -110,7 +113,7 @@ class Tables:
                 op = graph.op(name)
                 key = (c.signature, self.views.op(op), self.regions.op_region(name),
                        self.regions.tensor_region(name), tuple(self.regions.tensor_region(i) for i in op.inputs),
-                       domain_of(op), self.overlap.flags(op))
+                       domain_of(op), self.overlap.flags(op), self._roles(op))
                 if key in classes:
                     classes[key][1] += op.multiplicity
                 else:
@@ -160,15 +163,28 @@ class Tables:
             view = self.space.order(self.views.op(op))
             regs = (self.regions.op_region(op.name), self.regions.tensor_region(op.name),
                     tuple(self.regions.tensor_region(i) for i in op.inputs))
-            hit = self._sig[op.name] = ((op.signature(), view, regs, self.overlap.flags(op)), view)
+            hit = self._sig[op.name] = ((op.signature(), view, regs, self.overlap.flags(op), self._roles(op)), view)
         return hit
+
+    def _roles(self, op: Op) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The operands ``op`` reads from an earlier op's conversion, and those it converts for
+        later readers too (``plan.shared_reads``), by index: ops alike otherwise cost alike only
+        when these are alike too."""
+        sharing, spans = shared_reads(self.graph)
+        if self._providing is None:
+            self._providing = {(prov, t) for group in spans.values() for prov, t, _, _ in group}
+        return (tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in sharing),
+                tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in self._providing))
 
     def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
         hit = self._op_cache.get((sig[0], key))
         if hit is None:
             self.op_cost_calls += 1
+            shared, provides = sig[0][-1]
             hit = self._op_cache[sig[0], key] = op_cost(op, {d: ax for d, ax in zip(dims, a) if ax},
-                                                        self.fast_mesh, self.hw, self.regions, self.overlap)
+                                                        self.fast_mesh, self.hw, self.regions, self.overlap,
+                                                        tuple(op.inputs[k] for k in shared),
+                                                        tuple(op.inputs[k] for k in provides))
         return hit
 
     def op_cost(self, op: Op, dims: tuple[str, ...], a: Assignment) -> OpCost:
@@ -235,6 +251,20 @@ class Tables:
             hit = self._copies[(op.name, k)] = np.array(
                 [(self.op_cost(op, dims, a).operand_copy_bytes or (0,) * (k + 1))[k] for a in g.assignments],
                 dtype=np.int64)
+        return dims, hit
+
+    def gathered_bytes(self, op: Op, tensor: str) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes of the copy of ``tensor`` that ``op`` converts for later
+        readers too (``OpCost.span_bytes``: live from ``op`` to the last of them where
+        ``plan.shared_reads`` says so, as ``predict`` counts it) for each assignment of the group
+        of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._gathered.get((op.name, tensor))
+        if hit is None:
+            g = self.group(dims)
+            k = op.inputs.index(tensor)
+            hit = self._gathered[(op.name, tensor)] = np.array(
+                [(self.op_cost(op, dims, a).span_bytes or (0,) * (k + 1))[k] for a in g.assignments], dtype=np.int64)
         return dims, hit
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:

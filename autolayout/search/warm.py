@@ -7,8 +7,8 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.copies import copy_spans
-from autolayout.costmodel.plan import SOURCES
-from autolayout.search.liveness import copy, held, peak_of, transient
+from autolayout.costmodel.plan import SOURCES, shared_reads
+from autolayout.search.liveness import copy, gathered, held, peak_of, transient
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
@@ -31,6 +31,10 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         for n, k, _, _ in spans:
             dims, vec = tables.copy_bytes(tables.graph.op(n), k)
             sizes[copy(n, k)] = int(vec[tables.restrict(point.axes_of, dims)])
+    for spans in shared_reads(tables.graph)[1].values():  # conversions later readers share
+        for n, t, _, _ in spans:
+            dims, vec = tables.gathered_bytes(tables.graph.op(n), t)
+            sizes[gathered(n, t)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b

@@ -22,7 +22,8 @@ builds the shard, and this module records
   sums them;
 * ``dbytes`` — per-tensor change of local bytes, and the change of the transient bytes
   of the ops it touches (:func:`~autolayout.costmodel.memory.transient_bytes`: gathered
-  inputs, partial sums reduce-scattered; :func:`~autolayout.search.liveness.transient`).
+  inputs, partial sums reduce-scattered; :func:`~autolayout.search.liveness.transient`) and
+  of the copies they convert for later readers too (:func:`~autolayout.search.liveness.gathered`).
 
 In the CP-SAT model each option is a boolean ``w[p, o] <= y[D_p, a(o)]``, at most
 one per parameter: the solver may pick option ``o`` exactly when the layout
@@ -37,11 +38,11 @@ from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import held_bytes, stored_itemsize, transient_bytes
-from autolayout.costmodel.plan import Planner
+from autolayout.costmodel.plan import Planner, shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import held as held_name, transient
+from autolayout.search.liveness import gathered, held as held_name, transient
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -107,6 +108,9 @@ def touched(graph: Graph, sh: StorageShard) -> set[str]:
         ops.update(graph.consumers(t))
     for lp in graph.loops.values():  # a carry moves its next value to where it lives
         ops.update(c for c, nxt in lp.carries if c in sh.stored or nxt in sh.stored)
+    # an op reading an earlier op's conversion converts for itself while that op is on the shard
+    on_shard = set(sh.computed) | set(sh.partial_ops)
+    ops.update(o for (o, _), prov in shared_reads(graph)[0].items() if prov in on_shard)
     return {n for n in ops if graph.op(n).kind not in ("input", "param", "opt_state")}
 
 
@@ -126,8 +130,11 @@ def _static_key(tables: Tables, sh: StorageShard, op) -> tuple:
         extra = member(nxt) if nxt else ()
     # the op's cost signature (kind, shapes, dtypes, fusion, regions, overlap) stands for the op:
     # ops alike under alike shards plan alike, so parameters share these deltas (wq, wk, wv)
+    # an input read from an earlier op's conversion is shared only while that op is not on the shard
+    sharing = shared_reads(graph)[0]
+    provider = tuple(member(sharing[(op.name, i)]) if (op.name, i) in sharing else None for i in op.inputs)
     return (tables.cost_signature(op), op.loop is not None, sh.axes, sh.dim, sh.stage, member(op.name),
-            tuple(member(i) for i in op.inputs), extra)
+            tuple(member(i) for i in op.inputs), extra, provider)
 
 
 @dataclass
@@ -245,7 +252,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     hit = deltas[key] = deltas[canon] = (
                         new[0] - old[0], {k: v for k, v in terms.items() if v},
                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
-                        held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes)
+                        held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes,
+                        _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes))
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
@@ -253,6 +261,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[transient(name)] = hit[2]
                 if hit[3]:
                     dbytes[held_name(name)] = hit[3]
+                for k, b in hit[4]:  # by operand index: ops alike share the delta
+                    dbytes[gathered(name, graph.op(name).inputs[k])] = b
             for n, tdims in f.tensors:
                 key = (id(sh), n, tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in tdims))
                 diff = tbytes.get(key)
@@ -270,6 +280,13 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
             seen[sig] = (U, stage)
             out.append((WusOption(index, U, dtime, dbytes, stage, dover), f.op_names))
     return out
+
+
+def _span_delta(inputs: tuple[str, ...], new: dict, old: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Per operand index, the change of the bytes an op converts for later readers too
+    (``OpPlan.span_bytes`` with the shard, ``OpCost.span_bytes`` under the rules alone)."""
+    old = old or (0,) * len(inputs)
+    return tuple((k, new.get(t, 0) - old[k]) for k, t in enumerate(inputs) if new.get(t, 0) != old[k])
 
 
 def _rules_bytes(tables: Tables, name: str, axes_of: dict) -> int:
