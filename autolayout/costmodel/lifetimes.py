@@ -8,11 +8,12 @@ read them.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "readers_of", "in_place_operand", "loop_state_chain"]
+__all__ = ["lifetimes", "body_lifetimes", "schedule_points", "readers_of", "in_place_operand", "loop_state_chain"]
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
@@ -60,6 +61,31 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 if src in free and free[src] == i and alloc[src] < i and src not in outputs:
                     free[src] = i - 1
     return units, alloc, free
+
+
+@lru_cache(maxsize=64)
+def schedule_points(graph: Graph) -> tuple[tuple[int, str | None, int, str | None, tuple[str, ...]], ...]:
+    """The points of the schedule at which peak memory is taken, in order, each
+    ``(unit, loop, position, op, live)``: a top-level op at unit ``i`` is ``(i, None, i, op,
+    live)``; a scan at unit ``i`` gives one point per position ``j`` of its body, ``(i, loop,
+    j, body op, live)`` (one ``(i, loop, 0, None, live)`` if its body is empty); ``live``: the
+    tensors live there (:func:`lifetimes` at ``i``, plus :func:`body_lifetimes` at ``j``).
+    ``memory.peak_memory`` (where outputs are allocated for the whole call) and the search's
+    live sets (``search/liveness.py``) both walk these (one enumeration)."""
+    units, alloc, free = lifetimes(graph)
+    out: list[tuple[int, str | None, int, str | None, tuple[str, ...]]] = []
+    for i, u in enumerate(units):
+        live = tuple(n for n in alloc if alloc[n] <= i <= free[n])
+        if not isinstance(u, Loop):
+            out.append((i, None, i, u, live))
+            continue
+        if not u.body:
+            out.append((i, u.name, 0, None, live))
+            continue
+        order, last = body_lifetimes(graph, u)
+        for j, op in enumerate(u.body):
+            out.append((i, u.name, j, op, live + tuple(n for n in u.body if order[n] <= j <= last[n])))
+    return tuple(out)
 
 
 def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:

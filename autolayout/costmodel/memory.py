@@ -78,7 +78,7 @@ from autolayout.core import Mesh
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of, shared_reads
@@ -373,21 +373,16 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         if best is None or total > best[0]:
             best = (total, names, extras, free_outs, buffers)
 
-    for i, u in enumerate(units):
-        live = [n for n in alloc if alloc[n] <= i <= free[n]]
-        if not isinstance(u, Loop):
-            point(i, live, [("transient", temps.get(u, 0))] + _held_at(combined.get(None), units, i, held)
-                  + _copies_at(spans.get(None, ()), i))
-            continue
-        order, last = body_lifetimes(graph, u)
+    for i, loop, j, op, live in schedule_points(graph):
         top = _copies_at(spans.get(None, ()), i)
-        if not u.body:
-            point(i, live, top)
-        group = combined.get(u.name)
-        for j, op in enumerate(u.body):
-            body = [n for n in u.body if order[n] <= j <= last[n]]
-            point(i, live + body, [("transient", temps.get(op, 0))] + _held_at(group, u.body, j, held) + top
-                  + _copies_at(spans.get(u.name, ()), j))
+        if loop is None:
+            point(i, list(live), [("transient", temps.get(op, 0))] + _held_at(combined.get(None), units, i, held) + top)
+        elif op is None:  # an empty body
+            point(i, list(live), top)
+        else:
+            point(i, list(live), [("transient", temps.get(op, 0))]
+                  + _held_at(combined.get(loop), graph.loops[loop].body, j, held) + top
+                  + _copies_at(spans.get(loop, ()), j))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}

@@ -41,10 +41,10 @@ from autolayout.costmodel.memory import combined_reductions
 
 from autolayout.costmodel.copies import copy_spans
 
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
+from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.plan import shared_reads
-from autolayout.graph import Graph, Loop
+from autolayout.graph import Graph
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of"]
@@ -146,7 +146,7 @@ class LivePoints(list):
 def live_points(graph: Graph) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order."""
-    units, alloc, free = lifetimes(graph)
+    units = lifetimes(graph)[0]
     combined = combined_reductions(graph)
     spans = copy_spans(graph)
     shared = shared_reads(graph)[1]
@@ -165,14 +165,12 @@ def live_points(graph: Graph) -> LivePoints:
         return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop)
                 + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ()) if start <= i <= stop))
 
-    for i, u in enumerate(units):
-        live = [n for n in alloc if alloc[n] <= i <= free[n]]
+    for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)
-        bodies = _body_live_sets(graph, u, combined.get(u.name)) if isinstance(u, Loop) else []
-        if not bodies:
-            add(live, None if isinstance(u, Loop) else u, _waiting(combined.get(None), units, i), top)
-        for j, (body, op, waiting) in enumerate(bodies):
-            add(live + body, op, waiting, top + copies_at(u.name, j))
+        if loop is None or op is None:  # a top-level op, or an empty loop body
+            add(list(live), op, _waiting(combined.get(None), units, i), top)
+        else:
+            add(list(live), op, _waiting(combined.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j))
     return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
 
 
@@ -180,13 +178,6 @@ def _waiting(group: tuple[int, tuple[str, ...]] | None, units, i: int) -> tuple[
     """The gradient-reducing ops whose held bytes are live at position ``i`` (the op running
     there counts its own in its transient bytes)."""
     return tuple(o for o in group[1] if o != units[i]) if group is not None and group[0] == i else ()
-
-
-def _body_live_sets(graph: Graph, lp: Loop, group: tuple[int, tuple[str, ...]] | None
-                    ) -> list[tuple[list[str], str, tuple[str, ...]]]:
-    order, last = body_lifetimes(graph, lp)
-    return [([n for n in lp.body if order[n] <= i <= last[n]], lp.body[i], _waiting(group, lp.body, i))
-            for i in range(len(lp.body))]
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
