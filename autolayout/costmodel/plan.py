@@ -57,7 +57,8 @@ from autolayout.graph import Graph, Loop, Op
 from autolayout.schedule import identity_groups
 
 __all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of",
-           "opt_state_of", "gradient_walk", "unsplittable", "shared_reads", "StorageShard", "REDUCING", "SOURCES"]
+           "opt_state_of", "gradient_walk", "unsplittable", "shared_reads", "shared_providers", "StorageShard",
+           "REDUCING", "SOURCES"]
 
 SOURCES = ("input", "param", "opt_state")
 
@@ -131,10 +132,10 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
     for op in graph.ops():
         if op.kind in SOURCES or op.kind in ("constant", "reshape") or op.name in skip:
             continue
+        own = {d.name for d in op.dims}
         for t in dict.fromkeys(op.inputs):
             if (op.kind == "scatter" and t == op.inputs[0]) or not graph.tensor(t).dim_names:
                 continue
-            own = {d.name for d in op.dims}
             whole = tuple(d for d in graph.tensor(t).dim_names if d in op.attr("whole", ()) or d not in own)
             key = (op.loop, t, regs.op_region(op.name), held_whole(op, t), whole)
             groups.setdefault(key, []).append(op.name)
@@ -149,6 +150,12 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
             sharing[(o, t)] = ops[0]
         spans.setdefault(loop, []).append((ops[0], t, at[ops[0]], at[ops[-1]]))
     return sharing, {k: tuple(v) for k, v in spans.items()}
+
+
+@lru_cache(maxsize=256)
+def shared_providers(graph: Graph) -> frozenset[tuple[str, str]]:
+    """The ``(op, tensor)`` pairs of :func:`shared_reads` whose conversion later readers share."""
+    return frozenset((prov, t) for group in shared_reads(graph)[1].values() for prov, t, _, _ in group)
 
 
 def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
@@ -245,8 +252,7 @@ class Planner:
                     index[t] = sh
         self._cache: dict[str, Placement] = {}
         if sharing is None:  # (op, input) -> provider; the (provider, input) pairs (shared_reads)
-            self._sharing, spans = shared_reads(graph)
-            sharing = (self._sharing, {(prov, t) for group in spans.values() for prov, t, _, _ in group})
+            sharing = (shared_reads(graph)[0], shared_providers(graph))
         self._sharing, self._providing = sharing
 
     # -- placements -----------------------------------------------------------------
@@ -343,8 +349,7 @@ class Planner:
                     need = (sh.placement(g, t.dim_names, rules) if sh.applies(g, t.dim_names)
                             else Placement.of(t.dim_names, rules))  # broadcast into the shard locally
                 else:
-                    whole = held_whole(op, name)
-                    need = Placement.of(t.dim_names, {d: a for d, a in op_axes.items() if d != whole})
+                    need = _read_need(op, name, t.dim_names, op_axes)
                 if carried and self.stored(name).partial:
                     need = need.with_partial(self.stored(name).partial)
                 self._convert(name, need, conversions, reads)
@@ -407,14 +412,12 @@ class Planner:
             return False
         if not self.shards:  # the rules alone: the same placement by shared_reads' grouping
             return True
-        p = self.graph.op(prov)
         if prov in self._computed or prov in self._partial_ops:
             return False
+        p = self.graph.op(prov)  # off the shard: its dims split as the rules say, less those held whole
         rules = self.norm_axes if prov in self.regions.ops else self.axes_of
-        op_axes = {d.name: rules.get(d.name, ()) for d in p.dims if d.name not in p.attr("whole", ())}
-        whole = held_whole(p, name)
-        return need == Placement.of(self.graph.tensor(name).dim_names,
-                                    {d: a for d, a in op_axes.items() if a and d != whole})
+        op_axes = {d.name: rules[d.name] for d in p.dims if rules.get(d.name) and d.name not in p.attr("whole", ())}
+        return need == _read_need(p, name, self.graph.tensor(name).dim_names, op_axes)
 
     def _boundary_need(self, op: Op, sh: StorageShard | None, flat: Placement | None,
                        out: Placement, rules: Mapping[str, tuple[str, ...]]) -> Placement:
@@ -490,6 +493,13 @@ class Planner:
         return OpPlan(op.name, op.kind, op.multiplicity, op_axes, flat, conversions, mv, computed, out,
                       tuple(out_steps), out_conv, int(flops), int(nbytes), dtype, tuple(move_list), loop_back,
                       dict(reads or {}), int(temp), reduced, dict(shared or {}), spans)
+
+
+def _read_need(op: Op, name: str, dims: tuple[str, ...], op_axes: Mapping[str, tuple[str, ...]]) -> Placement:
+    """Where ``op``, computing with its dims split over ``op_axes``, reads its input ``name`` (of
+    ``dims``): split as the op's dims are, less a dim it holds whole (:func:`held_whole`)."""
+    whole = held_whole(op, name)
+    return Placement.of(dims, {d: a for d, a in op_axes.items() if d != whole})
 
 
 def _axes_map(p: Placement) -> dict[str, tuple[str, ...]]:

@@ -33,7 +33,7 @@ from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
-from autolayout.costmodel.plan import shared_reads
+from autolayout.costmodel.plan import shared_providers, shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
@@ -104,7 +104,6 @@ class Tables:
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
-        self._providing: set[tuple[str, str]] | None = None
         self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
@@ -170,17 +169,15 @@ class Tables:
         """The operands ``op`` reads from an earlier op's conversion, and those it converts for
         later readers too (``plan.shared_reads``), by index: ops alike otherwise cost alike only
         when these are alike too."""
-        sharing, spans = shared_reads(self.graph)
-        if self._providing is None:
-            self._providing = {(prov, t) for group in spans.values() for prov, t, _, _ in group}
+        sharing, providing = shared_reads(self.graph)[0], shared_providers(self.graph)
         return (tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in sharing),
-                tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in self._providing))
+                tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in providing))
 
     def _cost(self, op: Op, sig: tuple, key: tuple, dims: tuple[str, ...], a: Assignment) -> OpCost:
         hit = self._op_cache.get((sig[0], key))
         if hit is None:
             self.op_cost_calls += 1
-            shared, provides = sig[0][-1]
+            shared, provides = self._roles(op)
             hit = self._op_cache[sig[0], key] = op_cost(op, {d: ax for d, ax in zip(dims, a) if ax},
                                                         self.fast_mesh, self.hw, self.regions, self.overlap,
                                                         tuple(op.inputs[k] for k in shared),
