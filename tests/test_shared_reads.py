@@ -95,3 +95,26 @@ def test_shared_copy_is_held_from_first_to_last_reader():
     c = predict(g, bench.MESH, "batch:data,model|*:data,model@3")
     gathers = [x for x in c.collectives if x.kind == "all-gather" and x.tensor == "v"]
     assert [x.op for x in gathers] == [fwd]
+
+
+def test_sharer_without_its_providers_copy_is_a_lowering_error():
+    """A plan whose provider holds no converted copy for its sharers (``OpPlan.span_bytes``
+    emptied by hand, as a planner bug would leave it) fails lowering with a named error, not a
+    bare KeyError."""
+    import dataclasses
+
+    from autolayout.exec.lower import LoweringError, ShardProgram
+    from autolayout.exec.runner import jax_mesh
+
+    g, _ = built("mlp-train")
+    layout = "batch:data,model|*:data,model@3"
+    p = plan(g, bench.MESH, layout)
+    fwd = next(o for o, op in p.ops.items() if op.span_bytes.get("v"))
+    ops = dict(p.ops)
+    ops[fwd] = dataclasses.replace(ops[fwd], span_bytes={})
+    prog = ShardProgram(dataclasses.replace(p, ops=ops))
+    _, jmesh = jax_mesh(p.mesh, None)
+    body = jax.shard_map(prog.body, mesh=jmesh, in_specs=prog.in_specs, out_specs=prog.out_specs)
+    args = [jnp.zeros([d.size for d in g.tensor(n).shape], g.tensor(n).dtype) for n in g.input_names]
+    with pytest.raises(LoweringError, match=rf"reads 'v' from the converted copy of op '{fwd}'"):
+        jax.eval_shape(body, *args)
