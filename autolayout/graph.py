@@ -574,6 +574,26 @@ def expensive(op: Op) -> bool:
     return op.fn != "div" or len(op.inputs) >= 2
 
 
+def _topological(ops: Sequence[Op], by_name: Mapping[str, Op]) -> list[Op]:
+    """``ops`` with every op after its inputs' producers (their order kept where it already is
+    one; a rewritten graph, such as a fused attention kernel's, may list a producer late)."""
+    out: list[Op] = []
+    done: set[str] = set()
+    for root in ops:
+        stack = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op.name in done:
+                continue
+            if expanded:
+                done.add(op.name)
+                out.append(op)
+                continue
+            stack.append((op, True))
+            stack.extend((by_name[i], False) for i in reversed(op.inputs) if i in by_name and i not in done)
+    return out
+
+
 def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
     """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
     (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
@@ -583,7 +603,13 @@ def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
     ``xla/service/instruction_fusion.cc``, ``InstructionFusion::ShouldFuse``: a fusion that
     ``FusionWouldDuplicate`` an ``is_expensive`` producer is refused), so it computes it once,
     into memory, where a cheap one is recomputed in each (``tests/test_expensive_fusion.py``,
-    against the optimized HLO). A tensor whose op has the :data:`ON_CHIP` attr stays on chip
+    against the optimized HLO). A scan body's slice of a stacked input (``reshape.slice``) is
+    fused the same way: XLA reads it with a ``dynamic-slice`` inside the ``while`` body and fuses
+    that into the loop fusions of its element-wise consumers (measured in XLA:CPU's optimized HLO
+    of ``transformer_lm``'s and ``llama``'s training steps: ``subtract_dynamic-slice_fusion``,
+    ``multiply_reduce_fusion`` reading the stacked buffer at the iteration's index), and
+    materialises it (``dynamic-slice_bitcast_fusion``) only for other consumers, such as a dot.
+    A tensor whose op has the :data:`ON_CHIP` attr stays on chip
     too (a fused kernel's internal tensor) unless it is a graph output; everything else is
     materialised."""
     users: dict[str, list[Op]] = defaultdict(list)
@@ -598,14 +624,14 @@ def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
             return True
         if op.attr(ON_CHIP):
             return False
-        if op.kind != "elementwise":
+        if op.kind != "elementwise" and not (op.kind == "reshape" and op.fn == "slice"):
             return True
         us = users.get(name, [])
         return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
 
     mat: dict[str, bool] = {}
     sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
-    for op in reversed(ops):  # consumers first
+    for op in reversed(_topological(ops, by_name)):  # consumers first
         m = materialized(op.name)
         if not m:
             into = frozenset().union(*(({u.name} if mat[u.name] else sinks[u.name]) for u in users[op.name]))

@@ -380,3 +380,55 @@ def test_residual_stream_is_written_into_the_loop_state():
         parts = live_peak(dump)
     live = parts["live_bytes"] + parts["idle_output_bytes"]
     assert abs(ex.predicted.memory_bytes / live - 1) <= 0.10, (ex.predicted.memory_bytes, parts)
+
+
+def _scheduled_bodies(compiled_hlo: str) -> dict[str, list[str]]:
+    """Each ``while`` body of an optimized HLO module: its instructions' texts, in schedule order
+    (a scheduled module prints every computation in its sequence's order)."""
+    import re
+
+    names = re.findall(r"body=%([\w.\-]+)", compiled_hlo)
+    out = {}
+    for name in names:
+        at = compiled_hlo.index(f"\n%{name} (")
+        block = compiled_hlo[at + 1:compiled_hlo.index("\n}", at)]
+        out[name] = [line.strip() for line in block.splitlines()[1:] if " = " in line]
+    return out
+
+
+def test_xla_cpu_gathers_a_layers_weights_at_its_body_start_as_the_model_holds_them():
+    """XLA:CPU's breadth-first schedule runs the all-gathers of a ZeRO-3 layer's weight slices
+    before any contraction of the scan body that reads them (its optimized HLO, in schedule
+    order), and the model holds each gathered copy from the body's slice of the stacked weight
+    (plan._ready_at), not from the op that first reads it."""
+    import re
+
+    from autolayout.costmodel.plan import shared_reads
+    from autolayout.exec import execute
+
+    g = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32)
+    layout = "batch:data,model|*:data,model@3"
+    ex = execute(g, "data:2,model:4", layout, repeats=1, reference=False)
+    bodies = _scheduled_bodies(ex.compiled_hlo_text)
+    assert len(bodies) == 2  # the forward and the backward scans
+    for name, body in bodies.items():
+        defined = [line.split(" = ")[0].removeprefix("ROOT ").lstrip("%") for line in body]
+        gathers = [i for i, line in enumerate(body) if " all-gather(" in line]
+        reads = set(defined[i] for i in gathers)  # the gathered values and what is computed from them
+        dots = []
+        for i, line in enumerate(body):
+            operands = set(re.findall(r"%([\w.\-]+)", line.split(" = ", 1)[1].split("metadata=")[0]))
+            if i not in gathers and operands & reads:
+                reads.add(defined[i])
+                if " dot(" in line or "kind=kCustom" in line:
+                    dots.append(i)
+        assert len(gathers) >= 6 and dots, (name, len(gathers), len(dots))  # w1, w2, wq, wk, wv, wo
+        assert max(gathers) < min(dots), (name, gathers, dots)  # all gathered before any reads one
+    spans = shared_reads(g)[1]
+    for lp in g.loops.values():
+        first_dot = min(i for i, n in enumerate(lp.body) if g.op(n).kind == "einsum")
+        weights = [(prov, t, start) for prov, t, start, _ in spans.get(lp.name, ())
+                   if g.op(t).fn == "slice" and g.tensor(g.op(t).inputs[0]).role == "param"]
+        assert len(weights) >= 6, (lp.name, weights)
+        for prov, t, start in weights:
+            assert start == lp.body.index(t) + 1 <= first_dot, (lp.name, prov, t, start, first_dot)

@@ -80,14 +80,16 @@ def test_plan_makes_each_all_gather_once_as_xla_does(model, layout, shared):
 def test_shared_copy_is_held_from_first_to_last_reader():
     """By hand, the mlp's ZeRO-3 step: v (hidden x io) is read by the forward's second dot and
     the backward's first; the plan gathers it once, for the first, and the memory model holds the
-    gathered copy over that span (positions of the schedule), with the bytes of the whole v."""
+    gathered copy from the start of the step (v is a parameter: XLA's breadth-first schedule runs
+    its all-gather first, plan._ready_at) to the last reader (positions of the schedule), with
+    the bytes of the whole v."""
     g, _ = built("mlp-train")
     sharing, spans = shared_reads(g)
     units = list(g.schedule)
     fwd = next(n for n in units if isinstance(n, str) and g.op(n).kind == "einsum" and "v" in g.op(n).inputs)
     bwd = [n for n in units if isinstance(n, str) and "v" in g.op(n).inputs and g.op(n).kind == "einsum" and n != fwd]
     assert sharing[(bwd[0], "v")] == fwd
-    assert (fwd, "v", units.index(fwd), units.index(bwd[-1])) in spans[None]
+    assert (fwd, "v", 0, units.index(bwd[-1])) in spans[None]
     p = plan(g, bench.MESH, "batch:data,model|*:data,model@3")
     v = g.tensor("v")
     assert p.ops[fwd].span_bytes == {"v": v.nbytes}  # gathered whole: the layout leaves v's dims unsplit

@@ -121,6 +121,11 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
     shard (:func:`~.storage.update_ops`) and loop boundaries (reshapes), the base operand of a
     scatter and sources never share. The span of a group is fixed by the graph (the search's
     live sets need it so); its bytes are the provider's converted copy (0 where nothing moves).
+
+    A conversion of a value that is there for the whole computation (a step argument, a value
+    from outside a scan's body, the body's slice of a stacked input) starts where XLA schedules
+    it, at the start of the computation (:func:`_ready_at`), not at its first reader: such a
+    group, even of one op, has a span from there.
     """
     regs = regions(graph)
     skip = update_ops(graph)
@@ -142,14 +147,41 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
     sharing: dict[tuple[str, str], str] = {}
     spans: dict[str | None, list] = {}
     for (loop, t, *_), ops in groups.items():
-        if len(ops) < 2:
-            continue
         at = pos[loop]
         ops = sorted(ops, key=at.__getitem__)
+        ready = _ready_at(graph, loop, t, at)
+        start = at[ops[0]] if ready is None else min(ready, at[ops[0]])
+        if len(ops) < 2 and start == at[ops[0]]:
+            continue  # one reader converting where it runs: the op's own transient bytes
         for o in ops[1:]:
             sharing[(o, t)] = ops[0]
-        spans.setdefault(loop, []).append((ops[0], t, at[ops[0]], at[ops[-1]]))
+        spans.setdefault(loop, []).append((ops[0], t, start, at[ops[-1]]))
     return sharing, {k: tuple(v) for k, v in spans.items()}
+
+
+def _ready_at(graph: Graph, loop: str | None, t: str, at: Mapping[str, int]) -> int | None:
+    """Where in its computation (positions ``at``) a conversion of ``t`` is scheduled when ``t``
+    is there for the whole computation: a step argument at the top level (position 0), a value
+    from outside a scan's body (0) or the body's slice of a stacked input (right after the
+    slice); None for a value the computation computes (converted where it is first read).
+
+    XLA:CPU schedules each computation breadth first (``BFSMemoryScheduler``, openxla/xla
+    ``xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc``, as ``CpuCompiler::CreateHloSchedule``
+    picks it): an instruction runs as soon as its operands are ready, in the order they became
+    ready, so the collectives that read only parameters, or a layer's weight slice, run first,
+    before the compute that reads them. Measured in the optimised HLO of the ZeRO-3 layouts of
+    ``benchmarks/memory_vs_xla.py`` (the mlp, ``transformer_lm`` and ``llama``, at the top level
+    and in both scans' bodies): every all-gather of a weight runs at the start of its
+    computation, and its buffer lives from there to its last reader. The original stays live
+    through the computation either way, so the early copy adds its bytes over that span."""
+    if loop is None:
+        return 0 if graph.tensor(t).role in ("input", "param", "opt_state") else None
+    if t not in at:
+        return 0
+    op = graph.op(t)
+    if op.kind == "reshape" and op.fn == "slice" and all(i not in at for i in op.inputs):
+        return at[t] + 1
+    return None
 
 
 @lru_cache(maxsize=256)
