@@ -32,6 +32,7 @@ import networkx as nx
 import numpy as np
 
 from autolayout.core import Dim, Shape
+from autolayout.fusion import with_fusion
 from autolayout.schedule import Reference, align, run_schedule, squeeze_to
 
 ROLES = ("input", "param", "opt_state", "activation", "output")
@@ -289,7 +290,7 @@ class Graph:
         self.name = name
         self.nx = nx.DiGraph()
         self._ops: dict[str, Op] = {}
-        ops = _with_fusion(ops, {s.tensor for s in outputs if s.tensor})
+        ops = with_fusion(ops, {s.tensor for s in outputs if s.tensor})
         for op in ops:
             if op.name in self._ops:
                 raise ValueError(f"duplicate op name {op.name!r}")
@@ -550,98 +551,6 @@ class Graph:
             first.setdefault(group.get(n, n), rank[n])
         units = nx.lexicographical_topological_sort(cond, key=lambda u: first[u])
         return [self.loops[u] if u in self.loops else u for u in units]
-
-
-# Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
-# consumers: set by autolayout.costmodel.attention for the score tensors of fused attention.
-ON_CHIP = "on_chip"
-
-
-# the element-wise ops of XLA's InstructionFusion::IsExpensive (openxla/xla
-# xla/service/instruction_fusion.cc) by the tracer's names (autolayout/_interpret.py)
-EXPENSIVE_ELEMENTWISE = frozenset({
-    "exp", "expm1", "log", "log1p", "logistic", "tanh", "rsqrt", "sqrt", "cbrt", "pow", "erf", "div", "atan2",
-    "acos", "asin", "acosh", "asinh", "atanh", "cosh", "rem"})
-
-
-def expensive(op: Op) -> bool:
-    """Whether XLA counts elementwise ``op`` expensive (``InstructionFusion::IsExpensive``):
-    transcendental functions and float divisions, except a division by a constant, which XLA's
-    algebraic simplifier turns into a multiplication by its reciprocal (a divisor that is not a
-    graph tensor is a literal)."""
-    if op.fn not in EXPENSIVE_ELEMENTWISE or "float" not in op.output.dtype:
-        return False
-    return op.fn != "div" or len(op.inputs) >= 2
-
-
-def _topological(ops: Sequence[Op], by_name: Mapping[str, Op]) -> list[Op]:
-    """``ops`` with every op after its inputs' producers (their order kept where it already is
-    one; a rewritten graph, such as a fused attention kernel's, may list a producer late)."""
-    out: list[Op] = []
-    done: set[str] = set()
-    for root in ops:
-        stack = [(root, False)]
-        while stack:
-            op, expanded = stack.pop()
-            if op.name in done:
-                continue
-            if expanded:
-                done.add(op.name)
-                out.append(op)
-                continue
-            stack.append((op, True))
-            stack.extend((by_name[i], False) for i in reversed(op.inputs) if i in by_name and i not in done)
-    return out
-
-
-def _with_fusion(ops: Sequence[Op], outputs: set) -> list[Op]:
-    """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
-    (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
-    elementwise op of the same loop and it is not a graph output, unless it is
-    :func:`expensive` and would be fused into more than one materialised op: XLA does not
-    duplicate an expensive producer into several fusions (openxla/xla
-    ``xla/service/instruction_fusion.cc``, ``InstructionFusion::ShouldFuse``: a fusion that
-    ``FusionWouldDuplicate`` an ``is_expensive`` producer is refused), so it computes it once,
-    into memory, where a cheap one is recomputed in each (``tests/test_expensive_fusion.py``,
-    against the optimized HLO). A scan body's slice of a stacked input (``reshape.slice``) is
-    fused the same way: XLA reads it with a ``dynamic-slice`` inside the ``while`` body and fuses
-    that into the loop fusions of its element-wise consumers (measured in XLA:CPU's optimized HLO
-    of ``transformer_lm``'s and ``llama``'s training steps: ``subtract_dynamic-slice_fusion``,
-    ``multiply_reduce_fusion`` reading the stacked buffer at the iteration's index), and
-    materialises it (``dynamic-slice_bitcast_fusion``) only for other consumers, such as a dot.
-    A tensor whose op has the :data:`ON_CHIP` attr stays on chip
-    too (a fused kernel's internal tensor) unless it is a graph output; everything else is
-    materialised."""
-    users: dict[str, list[Op]] = defaultdict(list)
-    for op in ops:
-        for i in op.inputs:
-            users[i].append(op)
-    by_name = {op.name: op for op in ops}
-
-    def materialized(name: str) -> bool:
-        op = by_name[name]
-        if name in outputs:
-            return True
-        if op.attr(ON_CHIP):
-            return False
-        if op.kind != "elementwise" and not (op.kind == "reshape" and op.fn == "slice"):
-            return True
-        us = users.get(name, [])
-        return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
-
-    mat: dict[str, bool] = {}
-    sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
-    for op in reversed(_topological(ops, by_name)):  # consumers first
-        m = materialized(op.name)
-        if not m:
-            into = frozenset().union(*(({u.name} if mat[u.name] else sinks[u.name]) for u in users[op.name]))
-            # XLA does not duplicate an expensive producer into several fusions
-            # (InstructionFusion::ShouldFuse: FusionWouldDuplicate && is_expensive): it is
-            # computed once, into memory
-            m = len(into) > 1 and expensive(op) and not op.attr(ON_CHIP)
-            sinks[op.name] = into
-        mat[op.name] = m
-    return [dataclasses.replace(op, hbm=tuple(mat[i] for i in op.inputs) + (mat[op.name],)) for op in ops]
 
 
 def _human(n: float) -> str:

@@ -14,7 +14,7 @@ from autolayout.costmodel import plan, predict
 from autolayout.costmodel.attention import attention_region, fuse_attention, kernel_graph
 from autolayout.costmodel.profiles import PROFILES, get_hardware
 from autolayout.costmodel.overlap import forward_ops
-from autolayout.graph import ON_CHIP
+from autolayout.fusion import ON_CHIP
 from autolayout.search import enumerate_layouts, search
 from autolayout.trace import trace
 from autolayout.train import label_grads

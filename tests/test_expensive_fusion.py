@@ -1,6 +1,6 @@
 """XLA does not duplicate an expensive element-wise producer into several fusions
 (``InstructionFusion::ShouldFuse``: ``FusionWouldDuplicate`` and ``IsExpensive``): it computes it once,
-into memory, where a cheap one is recomputed in each consumer. ``graph.expensive`` and the fusion
+into memory, where a cheap one is recomputed in each consumer. ``fusion.expensive`` and the fusion
 marks (``Op.materialised``) follow it; checked against XLA's optimized HLO and by hand.
 """
 from __future__ import annotations

@@ -253,7 +253,7 @@ def test_zero3_peak_adds_one_relayout_copy_by_hand():
     on io) and grad/v [io, hidden] (v split on hidden) scatter a minor dim. At the last gradient
     (grad/w) the model holds its partial sums and their copy, grad/v's and bias's partial sums,
     and w all-gathered once for the forward's dot and the input gradient's after grad/w
-    (plan.shared_reads): 4 x 128 KiB + 1 KiB. (XLA's peak holds 3 x 128 KiB: its scheduler runs
+    (sharing.shared_reads): 4 x 128 KiB + 1 KiB. (XLA's peak holds 3 x 128 KiB: its scheduler runs
     the input gradient's dot before the relayout copies; the OFF row of tests/test_memory_xla.py.)"""
     c = predict(_mlp(), MESH, "batch:data,model|*:data,model@3", hardware=CPU)
     assert c.memory["transient"] == 4 * IO * HIDDEN * F32 + HIDDEN * F32
@@ -303,7 +303,7 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
             checked += bool(point.wus)
     assert checked and changed  # held bytes are in play on some of the layouts compared
     # and all-gathers shared by a weight's forward and backward readers of one computation
-    # (plan.shared_reads): the mlp's v, the transformer's final norm scale and output projection
+    # (sharing.shared_reads): the mlp's v, the transformer's final norm scale and output projection
     assert gathered
     # dot operand copies live before their dot (copies.copy_spans) too, in the transformer's scans
     assert bool(copied) == (name == "transformer") == any(is_copy(n) for p in points for n in p)
@@ -400,10 +400,10 @@ def test_xla_cpu_gathers_a_layers_weights_at_its_body_start_as_the_model_holds_t
     """XLA:CPU's breadth-first schedule runs the all-gathers of a ZeRO-3 layer's weight slices
     before any contraction of the scan body that reads them (its optimized HLO, in schedule
     order), and the model holds each gathered copy from the body's slice of the stacked weight
-    (plan._ready_at), not from the op that first reads it."""
+    (sharing._ready_at), not from the op that first reads it."""
     import re
 
-    from autolayout.costmodel.plan import shared_reads
+    from autolayout.costmodel.sharing import shared_reads
     from autolayout.exec import execute
 
     g = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32)
@@ -432,3 +432,30 @@ def test_xla_cpu_gathers_a_layers_weights_at_its_body_start_as_the_model_holds_t
         assert len(weights) >= 6, (lp.name, weights)
         for prov, t, start in weights:
             assert start == lp.body.index(t) + 1 <= first_dot, (lp.name, prov, t, start, first_dot)
+
+
+def test_xla_cpu_fuses_a_scan_slice_into_element_wise_readers_as_the_model_does():
+    """In XLA:CPU's optimized HLO of a scanned training step, the ``dynamic-slice`` that reads one
+    iteration of a stacked input is materialised (a fusion whose root is the dynamic-slice) only
+    where a dot reads it, or fused with an expensive element-wise op (a divide) that XLA computes
+    once; elsewhere it is fused into its element-wise readers. The model's rule
+    (``fusion.with_fusion``): a body's slice read only by element-wise ops is not materialised."""
+    import re
+
+    from autolayout.exec import execute
+
+    g = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32)
+    ex = execute(g, "data:2,model:4", "batch:data,model", repeats=1, reference=False)
+    bodies = _scheduled_bodies(ex.compiled_hlo_text)
+    assert len(bodies) == 2
+    for name, body in bodies.items():
+        defs = {line.split(" = ")[0].removeprefix("ROOT ").lstrip("%"): line for line in body}
+        sliced = [d for d in defs if d.startswith("dynamic-slice")]
+        assert sliced, name
+        for d in sliced:
+            users = [defs[u] for u in defs if d in re.findall(r"%([\w.\-]+)", defs[u].split(" = ", 1)[1])]
+            read_by_dot = any(" dot(" in u or "kind=kCustom" in u for u in users)
+            assert read_by_dot or "divide" in d, (name, d, users)
+    fused = [n for lp in g.loops.values() for n in lp.body
+             if g.op(n).fn == "slice" and all(g.op(c).kind == "elementwise" for c in g.consumers(n))]
+    assert fused and not any(g.op(n).materialised for n in fused), fused

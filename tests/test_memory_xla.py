@@ -49,7 +49,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("top2_moe-donated", ""),
     ("top2_moe-donated", "batch:data,model"),
     ("top2_moe-donated", "batch:data;experts:model"),
-    ("top2_moe-donated", "batch:data;mlp:model|*:data@3"),  # 0.88 before XLA's expensive producers (graph.expensive)
+    ("top2_moe-donated", "batch:data;mlp:model|*:data@3"),  # 0.88 before XLA's expensive producers (fusion.expensive)
     # 0.89, 0.90, 0.89 before a dot operand copy was held beside an original that outlives its dot
     # (copies.copy_transient_bytes; now 0.94, 0.93, 0.93)
     ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"),
@@ -74,13 +74,13 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # operand copies from their producers (copies.copy_spans; 0.85 with them alone); 0.907 with both
     ("linen_gpt", ""),
     # before -> after a conversion read by several ops of one computation was made once and held from
-    # the first to the last of them (plan.shared_reads: XLA's CSE merges the forward's and the backward's
+    # the first to the last of them (sharing.shared_reads: XLA's CSE merges the forward's and the backward's
     # identical all-gathers of a ZeRO-3 weight)
     ("equinox_block-donated", "batch:data;heads:model;mlp:model|*:data@3"),  # 0.886 -> 1.015
     ("moe-train", "batch:data;experts:model|*:data@3"),  # 0.898 -> 0.937
     # 0.90 -> 1.02 once a weight's conversion starts at its computation's start, as XLA:CPU's breadth-first
-    # schedule runs it (plan._ready_at: the layer's all-gathers at the body's start), and a scan body's
-    # slices of its stacked inputs are fused into their element-wise readers (graph._with_fusion); each
+    # schedule runs it (sharing._ready_at: the layer's all-gathers at the body's start), and a scan body's
+    # slices of its stacked inputs are fused into their element-wise readers (fusion.with_fusion); each
     # alone moves this row or llama's ZeRO-3 rows past 10% (0.826 / 1.108): the errors had offset
     ("transformer_lm-train", "batch:data,model|*:data,model@3"),
     ("llama-train", "batch:data,model|*:data,model@3"),  # 0.943 -> 0.969
@@ -130,7 +130,7 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
     ("linen_bf16_mlp-donated", "batch:data;mlp:model|*:data@3"): "1.19: " + BF16_ZERO3,
     ("mlp-train", "batch:data,model|*:data,model@3"): (
         "1.31 (1.32 of XLA's live bytes; 1.03 before a conversion read by several ops was made once and held "
-        "from the first to the last, plan.shared_reads). Both ZeRO-3 weights are all-gathered once and held "
+        "from the first to the last, sharing.shared_reads). Both ZeRO-3 weights are all-gathered once and held "
         "from the forward to the backward pass, in XLA too (all_gather_invariant.19 and .23, live over 11-23 "
         "and 12-20 of its schedule), but XLA's scheduler runs the input gradient's contraction, the gathered "
         "w's last reader, before the deferred gradient reduce-scatters and their relayout copies "

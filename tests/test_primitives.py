@@ -156,14 +156,14 @@ CASES = [
          )),
     Case("slice_pad", slice_pad, (Arg((4, 8, 16)),), ("batch seq d",), (
         # seq split: both slices read x whole along seq (one all-gather they share,
-        # plan.shared_reads: XLA's CSE leaves one of the two); the pad's input (a new dim of
+        # sharing.shared_reads: XLA's CSE leaves one of the two); the pad's input (a new dim of
         # 7) is unsplit, its output sliced locally into seq's split
         ("all:8", "seq:all", ("all-gather",)),
         ("rows:2,cols:4", "batch:rows;d:cols", ()),  # kept dims split: nothing moves
     )),
     Case("rope_grad", rope_grad, (Arg((4, 8, 16)),), ("batch seq d",), (
         # d split: the two halves of the forward split read x gathered along d (one all-gather
-        # they share, plan.shared_reads); the gradient's halves are sliced from the d-split
+        # they share, sharing.shared_reads); the gradient's halves are sliced from the d-split
         # gradient of the product: one more; the loss sums over d: one all-reduce
         ("all:8", "d:all", ("all-gather",) * 2 + ("all-reduce",)),
         # batch and seq split: prepending the class token along seq gathers the product
@@ -267,7 +267,7 @@ def test_shard_map_matches_jit_and_hlo(case, mesh, layout, kinds):
     assert ex.collectives_match, f"{ex.summary()}\n{ex.collective_diff()}"
     assert ex.collective_diff() == ""
     assert tuple(sorted(c.kind for c in ex.compiled_collectives)) == kinds
-    # XLA's optimisation finds no identical all-gathers left to merge (plan.shared_reads made each once)
+    # XLA's optimisation finds no identical all-gathers left to merge (sharing.shared_reads made each once)
     gathers = [sum(c.kind == "all-gather" for c in cs) for cs in (ex.compiled_collectives, ex.optimized_collectives)]
     assert gathers[0] == gathers[1], gathers
 

@@ -394,7 +394,7 @@ def test_search_with_storage_stages_equals_exhaustive_minimum(limit_frac):
     """The search over layouts and per-parameter ZeRO stages finds the exhaustive optimum,
     with and without a memory limit (0.60 of data parallelism's: stage 3 needs 0.595 of it, the
     gradients' reduce-scatter transient and v all-gathered from the forward to the backward
-    pass included (one all-gather for both, plan.shared_reads); stages 1-2 0.64) that only
+    pass included (one all-gather for both, sharing.shared_reads); stages 1-2 0.64) that only
     stage 3 meets without losing time (splitting hidden over rows fits in 0.55, but is slower)."""
     g, mesh, hw = adam_mlp(4096, 1024, 4096), "rows:2,cols:2", "tpu-v3"
     limit = INF

@@ -1,5 +1,5 @@
 """One conversion for the ops of one computation that read a tensor in the same placement
-(``plan.shared_reads``): the plan converts it for the first reader and the others read that
+(``sharing.shared_reads``): the plan converts it for the first reader and the others read that
 copy, as XLA's CSE leaves one of identical collectives. References: the compiled program's
 optimised HLO (XLA finds no identical all-gathers left to merge, and the count is the plan's),
 the pre-optimisation HLO of a hand-written ``shard_map`` (XLA merges two identical all-gathers
@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from autolayout import execute, predict
-from autolayout.costmodel.plan import plan, shared_reads
+from autolayout.costmodel.plan import plan
+from autolayout.costmodel.sharing import shared_reads
 
 from autolayout.exec import hlo
 
@@ -81,7 +82,7 @@ def test_shared_copy_is_held_from_first_to_last_reader():
     """By hand, the mlp's ZeRO-3 step: v (hidden x io) is read by the forward's second dot and
     the backward's first; the plan gathers it once, for the first, and the memory model holds the
     gathered copy from the start of the step (v is a parameter: XLA's breadth-first schedule runs
-    its all-gather first, plan._ready_at) to the last reader (positions of the schedule), with
+    its all-gather first, sharing._ready_at) to the last reader (positions of the schedule), with
     the bytes of the whole v."""
     g, _ = built("mlp-train")
     sharing, spans = shared_reads(g)

@@ -37,7 +37,7 @@ liveness, the search's tables) prices the fused program without knowing about it
    clones ``flash/<tensor>`` of their producers.
 3. **On chip**: the region's scores, and masks computed from constants alone (a kernel
    builds the causal mask from indices) read only by region ops, get the
-   :data:`~autolayout.graph.ON_CHIP` attr: no HBM bytes, no memory; their element-wise work
+   :data:`~autolayout.fusion.ON_CHIP` attr: no HBM bytes, no memory; their element-wise work
    is priced at compute speed.
 
 The rewritten graph computes the same values (tests compare ``evaluate``), so the lowering
@@ -63,7 +63,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autolayout.costmodel.overlap import forward_ops
-from autolayout.graph import ON_CHIP, Graph, Op, Replay
+from autolayout.fusion import ON_CHIP
+from autolayout.graph import Graph, Op, Replay
 from autolayout.remat import recompute_residuals
 
 __all__ = ["AttentionRegion", "attention_region", "fuse_attention", "kernel_graph", "PREFIX"]

@@ -81,7 +81,8 @@ from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
-from autolayout.costmodel.plan import OpPlan, grad_of, shared_reads
+from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
@@ -257,8 +258,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     reduction (:func:`held_bytes`, :func:`combined_reductions`) and the operand copies
     ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
     producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
-    and the converted copies ``gathered[op][tensor]`` an op makes for later readers too
-    (``OpCost.span_bytes``), live from it to the last of them (``plan.shared_reads``; counted as
+    and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
+    (``OpCost.span_bytes``), live from where XLA schedules the conversion (the computation's start
+    for a value there throughout) to the last of them (``sharing.shared_reads``; counted as
     ``transient``)."""
     temps = temps or {}
     held = held or {}
@@ -409,7 +411,7 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]],
            gathered: Mapping[str, Mapping[str, int]]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
-    the conversions shared by later readers (``plan.shared_reads``, ``"gathered"``)."""
+    the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
     for loop, group in shared_reads(graph)[1].items():
         for prov, t, start, stop in group:

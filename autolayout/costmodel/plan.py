@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
@@ -51,16 +50,14 @@ from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Place
                                             mesh_order, move_steps, moves, reduce_target, reduction)
 from autolayout.costmodel.regions import EMPTY as EMPTY_REGIONS
 from autolayout.costmodel.regions import NORM, Regions, region_axes, regions
+from autolayout.costmodel.sharing import SOURCES, held_whole, shared_providers, shared_reads
 from autolayout.costmodel.storage import (REDUCING, StorageShard, grad_of, gradient_walk, opt_state_of,
-                                          storage_shards, update_ops)
-from autolayout.graph import Graph, Loop, Op
+                                          storage_shards)
+from autolayout.graph import Graph, Op
 from autolayout.schedule import identity_groups
 
 __all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of",
-           "opt_state_of", "gradient_walk", "unsplittable", "shared_reads", "shared_providers", "StorageShard",
-           "REDUCING", "SOURCES"]
-
-SOURCES = ("input", "param", "opt_state")
+           "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]
 
 
 class LoweringError(LayoutError):
@@ -77,117 +74,6 @@ def unsplittable(op: Op) -> tuple[str, ...]:
     if op.kind == "reduce" and op.fn not in COMBINABLE:
         return tuple(d.name for d in op.reduced_dims)
     return ()
-
-
-def held_whole(op: Op, name: str) -> str | None:
-    """The indexed dim of a gather or scatter that its input ``name`` is read whole along
-    (all-gathered where the layout splits it), or ``None``: a gather's table when the
-    output has the indexed dim too (the index runs along it, e.g. ``take_along_axis(x,
-    argsort(x))``), and a scatter's index and updates when they have it (every device
-    needs every update into its block)."""
-    if op.kind not in ("gather", "scatter"):
-        return None
-    v = op.attr("indexed")
-    dims = {d.name for d in op.input_shapes[op.inputs.index(name)]}
-    if op.kind == "gather" and name == op.inputs[0]:
-        return v if v in op.output.dim_names else None
-    return v if op.kind == "scatter" and name != op.inputs[0] and v in dims else None
-
-
-@lru_cache(maxsize=256)
-def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
-                                         Mapping[str | None, tuple[tuple[str, str, int, int], ...]]]:
-    """Conversions shared by the ops that read one tensor: ``(sharing, spans)``.
-
-    ``sharing[(op, tensor)]`` is the op whose conversion of ``tensor`` ``op`` reads instead of
-    converting it itself; ``spans[computation]`` (``None``: the top level; a loop's name: its
-    body) lists ``(provider, tensor, first position, last position)``: the provider's converted
-    copy is live from the provider to the last op sharing it (positions as in
-    ``lifetimes.lifetimes`` / ``lifetimes.body_lifetimes``). ``predict``'s peak memory and the
-    search's live sets (``search/liveness.py``) both place these buffers from here.
-
-    The rule, from XLA's optimized HLO: the lowering emits a collective per op that reads a
-    tensor in another placement than it is stored in, and XLA's CSE merges identical collectives
-    of one computation (same operand, same replica groups), leaving one, scheduled before the
-    first reader, whose buffer lives to the last. Measured on 8 CPU devices (pre- and
-    post-optimisation all-gathers): the forward's and the backward's all-gathers of a ZeRO-3
-    weight outside a scan (equinox block 23 -> 16, the mlp 5 -> 3), and of a layer's weight slice
-    read by the recomputed forward and the backward inside one scan body (Flax linen GPT 29 ->
-    19); none is merged across computations (a scan's body and the top level, two loops). So
-    the ops of one computation that read a tensor under the same rules (the same region, the
-    same dim held whole) form a group; its first op (in schedule order) converts, the others read
-    its copy. ``Planner`` checks at planning time that the placements are equal and that neither
-    op computes on a storage shard (whose placement is the shard's); ops that may compute on a
-    shard (:func:`~.storage.update_ops`) and loop boundaries (reshapes), the base operand of a
-    scatter and sources never share. The span of a group is fixed by the graph (the search's
-    live sets need it so); its bytes are the provider's converted copy (0 where nothing moves).
-
-    A conversion of a value that is there for the whole computation (a step argument, a value
-    from outside a scan's body, the body's slice of a stacked input) starts where XLA schedules
-    it, at the start of the computation (:func:`_ready_at`), not at its first reader: such a
-    group, even of one op, has a span from there.
-    """
-    regs = regions(graph)
-    skip = update_ops(graph)
-    pos: dict[str | None, dict[str, int]] = {
-        None: {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}}
-    for lp in graph.loops.values():
-        pos[lp.name] = {n: i for i, n in enumerate(lp.body)}
-    groups: dict[tuple, list[str]] = {}
-    for op in graph.ops():
-        if op.kind in SOURCES or op.kind in ("constant", "reshape") or op.name in skip:
-            continue
-        own = {d.name for d in op.dims}
-        for t in dict.fromkeys(op.inputs):
-            if (op.kind == "scatter" and t == op.inputs[0]) or not graph.tensor(t).dim_names:
-                continue
-            whole = tuple(d for d in graph.tensor(t).dim_names if d in op.attr("whole", ()) or d not in own)
-            key = (op.loop, t, regs.op_region(op.name), held_whole(op, t), whole)
-            groups.setdefault(key, []).append(op.name)
-    sharing: dict[tuple[str, str], str] = {}
-    spans: dict[str | None, list] = {}
-    for (loop, t, *_), ops in groups.items():
-        at = pos[loop]
-        ops = sorted(ops, key=at.__getitem__)
-        ready = _ready_at(graph, loop, t, at)
-        start = at[ops[0]] if ready is None else min(ready, at[ops[0]])
-        if len(ops) < 2 and start == at[ops[0]]:
-            continue  # one reader converting where it runs: the op's own transient bytes
-        for o in ops[1:]:
-            sharing[(o, t)] = ops[0]
-        spans.setdefault(loop, []).append((ops[0], t, start, at[ops[-1]]))
-    return sharing, {k: tuple(v) for k, v in spans.items()}
-
-
-def _ready_at(graph: Graph, loop: str | None, t: str, at: Mapping[str, int]) -> int | None:
-    """Where in its computation (positions ``at``) a conversion of ``t`` is scheduled when ``t``
-    is there for the whole computation: a step argument at the top level (position 0), a value
-    from outside a scan's body (0) or the body's slice of a stacked input (right after the
-    slice); None for a value the computation computes (converted where it is first read).
-
-    XLA:CPU schedules each computation breadth first (``BFSMemoryScheduler``, openxla/xla
-    ``xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc``, as ``CpuCompiler::CreateHloSchedule``
-    picks it): an instruction runs as soon as its operands are ready, in the order they became
-    ready, so the collectives that read only parameters, or a layer's weight slice, run first,
-    before the compute that reads them. Measured in the optimised HLO of the ZeRO-3 layouts of
-    ``benchmarks/memory_vs_xla.py`` (the mlp, ``transformer_lm`` and ``llama``, at the top level
-    and in both scans' bodies): every all-gather of a weight runs at the start of its
-    computation, and its buffer lives from there to its last reader. The original stays live
-    through the computation either way, so the early copy adds its bytes over that span."""
-    if loop is None:
-        return 0 if graph.tensor(t).role in ("input", "param", "opt_state") else None
-    if t not in at:
-        return 0
-    op = graph.op(t)
-    if op.kind == "reshape" and op.fn == "slice" and all(i not in at for i in op.inputs):
-        return at[t] + 1
-    return None
-
-
-@lru_cache(maxsize=256)
-def shared_providers(graph: Graph) -> frozenset[tuple[str, str]]:
-    """The ``(op, tensor)`` pairs of :func:`shared_reads` whose conversion later readers share."""
-    return frozenset((prov, t) for group in shared_reads(graph)[1].values() for prov, t, _, _ in group)
 
 
 def check_op(op: Op, axes_of: Mapping[str, tuple[str, ...]]) -> None:
@@ -490,7 +376,7 @@ class Planner:
     def _work(self, op: Op, op_axes: Mapping, flat: Placement | None, reads: Mapping[str, Placement],
               computed: Placement, out_stored: Placement, moved: bool) -> tuple[int, int]:
         """Local flops and HBM bytes of one execution (only materialised tensors are read or
-        written, see graph._with_fusion; a local reshape moves nothing worth counting)."""
+        written, see fusion.with_fusion; a local reshape moves nothing worth counting)."""
         mesh, sizes = self.mesh, self.sizes
         if flat is not None:
             n = flat.local_elements(sizes, mesh)

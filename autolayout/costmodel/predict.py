@@ -121,7 +121,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
     copies: dict[str, tuple[int, ...]] = {}
-    gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (plan.shared_reads)
+    gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
     terms: dict[str, float] = {}  # overlap.split's terms, summed per key

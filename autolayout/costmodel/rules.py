@@ -89,7 +89,7 @@ class OpCost:
     # :func:`~autolayout.costmodel.memory.operand_copy_bytes`); () where hw.dot_operand_copies is off
     operand_copy_bytes: tuple[int, ...] = ()
     # per operand (``op.inputs``' order), the bytes of the copy the op converts for later readers
-    # too, held from this op to the last of them (``OpPlan.span_bytes``, ``plan.shared_reads``)
+    # too, held from this op to the last of them (``OpPlan.span_bytes``, ``sharing.shared_reads``)
     span_bytes: tuple[int, ...] = ()
 
     @property
@@ -176,7 +176,7 @@ def op_cost(op: Op, axes_of: AxesOf, mesh: Mesh, hw: Hardware, regions: Regions 
     it) and every tensor is stored as those rules say. Only the op's own dims are read, so
     the search can cost each signature class once per assignment. ``shared``: the inputs it
     reads from an earlier op's conversion, ``provides``: those it converts for later readers
-    too (``plan.shared_reads`` of its graph)."""
+    too (``sharing.shared_reads`` of its graph)."""
     sharing = ({(op.name, t): "" for t in shared}, {(op.name, t) for t in provides})
     planner = Planner(_OpGraph(op), mesh, axes_of, regions=regions, sharing=sharing)
     return price(planner.op_plan(op), op, mesh, hw, overlap)

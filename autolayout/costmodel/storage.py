@@ -357,7 +357,7 @@ def update_ops(graph: Graph) -> frozenset[str]:
     """The ops that a storage shard may compute on the shard, whatever the layout: every
     parameter's update ops (its update region) and its weight chain (:func:`_weight_chain`:
     at stage 3 its slices and casts stay sharded). Their reads of a tensor never take part in
-    a conversion shared with other readers (``plan.shared_reads``)."""
+    a conversion shared with other readers (``sharing.shared_reads``)."""
     out: set[str] = set()
     for t in graph.tensors():
         if t.role != "param":

@@ -121,13 +121,13 @@ class ShardProgram(Interpreter, LocalOps):
             return self.constant(op, _axes(p.out))
         ins = {}
         for i in dict.fromkeys(op.inputs):
-            if i in p.shared:  # the conversion an earlier reader made (plan.shared_reads)
+            if i in p.shared:  # the conversion an earlier reader made (sharing.shared_reads)
                 key = (p.shared[i], i)
                 if key not in self._converted:
                     raise LoweringError(
                         f"internal: op {op.name!r} reads {i!r} from the converted copy of op {p.shared[i]!r}, "
                         f"which the plan does not hold (OpPlan.span_bytes of {p.shared[i]!r}: "
-                        f"{dict(self.plan.ops[p.shared[i]].span_bytes)}); plan.shared_reads and the planner's "
+                        f"{dict(self.plan.ops[p.shared[i]].span_bytes)}); sharing.shared_reads and the planner's "
                         "sharing check disagree")
                 ins[i] = self._converted[key]
                 continue

@@ -15,7 +15,7 @@ point's live tensors instead of summing them. Points:
 
 A point also lists the dot operand copies live there (:func:`copy`: ``copies.copy_spans``,
 from the operand's producer to its dot) and the converted copies that later readers share
-(:func:`gathered`: ``plan.shared_reads``, from the first reader to the last).
+(:func:`gathered`: ``sharing.shared_reads``, from the first reader to the last).
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -43,7 +43,7 @@ from autolayout.costmodel.copies import copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
-from autolayout.costmodel.plan import shared_reads
+from autolayout.costmodel.sharing import shared_reads
 from autolayout.graph import Graph
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
@@ -94,8 +94,8 @@ def copy_operand(name: str) -> int:
 
 def gathered(op: str, tensor: str) -> str:
     """The name under which a live set lists the copy of ``tensor`` that ``op`` converts for
-    later readers too (``OpCost.span_bytes``; ``plan.shared_reads``), live from ``op`` to the
-    last of them."""
+    later readers too, or early (``OpCost.span_bytes``; ``sharing.shared_reads``), live from where
+    XLA schedules the conversion to the last of them."""
     return f"{_GATHERED}{op}\x00{tensor}"
 
 

@@ -33,7 +33,7 @@ from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
-from autolayout.costmodel.plan import shared_providers, shared_reads
+from autolayout.costmodel.sharing import shared_providers, shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.space import Assignment, Space
@@ -167,7 +167,7 @@ class Tables:
 
     def _roles(self, op: Op) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The operands ``op`` reads from an earlier op's conversion, and those it converts for
-        later readers too (``plan.shared_reads``), by index: ops alike otherwise cost alike only
+        later readers too (``sharing.shared_reads``), by index: ops alike otherwise cost alike only
         when these are alike too."""
         sharing, providing = shared_reads(self.graph)[0], shared_providers(self.graph)
         return (tuple(k for k, t in enumerate(op.inputs) if (op.name, t) in sharing),
@@ -252,8 +252,8 @@ class Tables:
 
     def gathered_bytes(self, op: Op, tensor: str) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy of ``tensor`` that ``op`` converts for later
-        readers too (``OpCost.span_bytes``: live from ``op`` to the last of them where
-        ``plan.shared_reads`` says so, as ``predict`` counts it) for each assignment of the group
+        readers too, or early (``OpCost.span_bytes``: live over the span ``sharing.shared_reads``
+        gives, as ``predict`` counts it) for each assignment of the group
         of its dims."""
         dims = self.space.order(self.views.op(op))
         hit = self._gathered.get((op.name, tensor))

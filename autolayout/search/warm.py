@@ -7,7 +7,8 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.copies import copy_spans
-from autolayout.costmodel.plan import SOURCES, shared_reads
+from autolayout.costmodel.plan import SOURCES
+from autolayout.costmodel.sharing import shared_reads
 from autolayout.search.liveness import copy, gathered, held, peak_of, transient
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time
 from autolayout.search.tables import Tables

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import held_bytes, stored_itemsize, transient_bytes
-from autolayout.costmodel.plan import Planner, shared_reads
+from autolayout.costmodel.plan import Planner
+from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
