@@ -266,9 +266,10 @@ def test_zero3_peak_adds_one_relayout_copy_by_hand():
 def test_rules_are_off_on_accelerator_profiles_and_round_trip():
     for name in known_hardware():
         hw = get_hardware(name)
-        assert hw.combines_gradient_reductions == hw.reduce_scatter_copies == (name == "cpu"), name
+        assert (hw.combines_gradient_reductions == hw.reduce_scatter_copies == hw.breadth_first_schedule
+                == (name == "cpu")), name
     back = Hardware.from_dict(CPU.to_dict())
-    assert back.combines_gradient_reductions and back.reduce_scatter_copies
+    assert back.combines_gradient_reductions and back.reduce_scatter_copies and back.breadth_first_schedule
 
 
 # ------------------------------------------------------------ the search prices it like predict
@@ -289,7 +290,7 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
     g, mesh = _graph(name), Mesh.parse(mesh)
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(g)
+    points = live_points(g, CPU.breadth_first_schedule)
     assert any(is_held(n) for p in points for n in p)
     layouts = list(enumerate_layouts(g, mesh))
     checked = changed = copied = gathered = 0
@@ -459,3 +460,27 @@ def test_xla_cpu_fuses_a_scan_slice_into_element_wise_readers_as_the_model_does(
     fused = [n for lp in g.loops.values() for n in lp.body
              if g.op(n).fn == "slice" and all(g.op(c).kind == "elementwise" for c in g.consumers(n))]
     assert fused and not any(g.op(n).materialised for n in fused), fused
+
+
+def test_top_level_gathers_start_at_the_step_start_only_on_a_breadth_first_schedule():
+    """By hand, the mlp's ZeRO-3 step: w and v are parameters, each all-gathered once for its
+    readers. On the cpu profile (breadth first, XLA:CPU's optimized HLO runs both all-gathers
+    first) their copies are held from the step's start; on an accelerator profile (a
+    latency-hiding scheduler) from their first readers. A scan body's start is the same on both."""
+    from autolayout.costmodel.sharing import shared_reads, spans
+
+    g = models.mlp(batch=BATCH, d_io=IO, d_hidden=HIDDEN)
+    units = list(g.schedule)
+    early, late = spans(g, True)[None], spans(g, False)[None]
+    for t in ("w", "v"):
+        first = min(i for i, u in enumerate(units) if isinstance(u, str) and t in g.op(u).inputs)
+        (e,), (lt,) = [s for s in early if s[1] == t], [s for s in late if s[1] == t]
+        assert e[2] == 0 and lt[2] == first == units.index(lt[0]) > 0, (t, e, lt)
+        assert e[3] == lt[3]
+    lm = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32)
+    for loop in lm.loops:
+        assert spans(lm, True)[loop] == spans(lm, False)[loop] == shared_reads(lm)[1][loop]
+    zero3 = "batch:rows|*:rows@3"
+    on_cpu = predict(g, "rows:8", zero3, hardware="cpu").memory_bytes
+    on_tpu = predict(g, "rows:8", zero3, hardware=CPU.replace(breadth_first_schedule=False)).memory_bytes
+    assert on_cpu >= on_tpu

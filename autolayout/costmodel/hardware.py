@@ -212,6 +212,11 @@ class Hardware:
             operands runs in float32, so that its operands and result are held in float32
             buffers (:func:`~autolayout.costmodel.memory.stored_itemsize`); see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_HALF_DOTS`.
+        breadth_first_schedule: whether the compiler schedules each computation breadth
+            first, so that the collectives of the step's arguments run at its start and their
+            copies are held from there (:func:`~autolayout.costmodel.sharing.spans`); a scan
+            body's weight gathers start at the body's start on every backend; see
+            :data:`~autolayout.costmodel.profiles.SRC_CPU_SCHEDULE`.
 
     >>> from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware
     >>> hw = get_hardware("tpu-v5p")
@@ -240,6 +245,7 @@ class Hardware:
     combines_gradient_reductions: bool = False
     reduce_scatter_copies: bool = False  # SRC_CPU_GRADIENT_REDUCTIONS: measured on XLA:CPU
     upcasts_half_dots: bool = False  # SRC_CPU_HALF_DOTS: XLA:CPU; accelerators run half dots natively
+    breadth_first_schedule: bool = False  # SRC_CPU_SCHEDULE: XLA:CPU; accelerators hide latency instead
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -337,6 +343,7 @@ class Hardware:
             "combines_gradient_reductions": self.combines_gradient_reductions,
             "reduce_scatter_copies": self.reduce_scatter_copies,
             "upcasts_half_dots": self.upcasts_half_dots,
+            "breadth_first_schedule": self.breadth_first_schedule,
         }
 
     @classmethod

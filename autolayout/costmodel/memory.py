@@ -82,7 +82,7 @@ from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_p
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
-from autolayout.costmodel.sharing import shared_reads
+from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
@@ -250,7 +250,7 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
-                gathered: Mapping[str, Mapping[str, int]] | None = None) -> tuple[int, dict]:
+                gathered: Mapping[str, Mapping[str, int]] | None = None, early: bool = False) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -261,10 +261,11 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
     (``OpCost.span_bytes``), live from where XLA schedules the conversion (the computation's start
     for a value there throughout) to the last of them (``sharing.shared_reads``; counted as
-    ``transient``)."""
+    ``transient``), from the start of their computation where ``early``
+    (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`)."""
     temps = temps or {}
     held = held or {}
-    spans = _spans(graph, copies or {}, gathered or {})
+    spans = _spans(graph, copies or {}, gathered or {}, early)
     combined = combined_reductions(graph)
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined)  # outputs allocated for the whole call
@@ -407,13 +408,13 @@ def _copies_at(spans, i: int) -> list[tuple[str, int]]:
     return [(what, b) for start, stop, b, what in spans if start <= i <= stop]
 
 
-def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]],
-           gathered: Mapping[str, Mapping[str, int]]) -> dict[str | None, list[tuple[int, int, int, str]]]:
+def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
+           early: bool) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
-    for loop, group in shared_reads(graph)[1].items():
+    for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
             b = gathered.get(prov, {}).get(t, 0)
             if b:

@@ -256,6 +256,16 @@ SRC_ALL_REDUCE_IN_PLACE = (
     "takes two buffers in memory_analysis's temp); the TPU backend's is not public, so TPU profiles keep the "
     "generic rule")
 
+SRC_CPU_SCHEDULE = (
+    "XLA:CPU schedules each computation breadth first (openxla/xla xla/service/cpu/cpu_compiler.cc, "
+    "CpuCompiler::CreateHloSchedule: BFSMemoryScheduler, xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc): "
+    "an instruction runs as soon as its operands are ready, in the order they became ready, so the all-gathers "
+    "of the step's parameters run at its start (measured: the optimized HLO of benchmarks/memory_vs_xla.py's "
+    "ZeRO-3 layouts, at the top level and in scan bodies; tests/test_memory_rules.py). XLA:TPU and XLA:GPU run "
+    "the latency-hiding scheduler (MaxText sets xla_tpu_enable_latency_hiding_scheduler; "
+    "xla/service/gpu/gpu_hlo_schedule.cc), which starts an asynchronous collective a bounded distance ahead of "
+    "its use, not at the step's start; inside a scan body a layer's gathers start at the body's start there too "
+    "(the layer's weights are gathered before its first matmul).")
 SRC_CPU_GRADIENT_REDUCTIONS = (
     "XLA:CPU combines every all-reduce that does not depend on another into one, with no byte threshold "
     "(openxla/xla xla/service/cpu/cpu_compiler.cc: CpuAllReduceCombiner(kCombineBytes = "
@@ -342,6 +352,7 @@ CPU = Hardware(
     combines_gradient_reductions=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     reduce_scatter_copies=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     upcasts_half_dots=True,  # SRC_CPU_HALF_DOTS
+    breadth_first_schedule=True,  # SRC_CPU_SCHEDULE
     # XLA:CPU copies a dot's operands into [batch, M, K] order (costmodel/dotcopy.py), as calibrate sets
     dot_operand_copies=True,
     description=(

@@ -11,7 +11,7 @@ from autolayout.costmodel.regions import regions
 from autolayout.costmodel.storage import update_ops
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["SOURCES", "held_whole", "shared_reads", "shared_providers"]
+__all__ = ["SOURCES", "held_whole", "shared_reads", "shared_providers", "spans"]
 
 SOURCES = ("input", "param", "opt_state")
 
@@ -125,3 +125,18 @@ def _ready_at(graph: Graph, loop: str | None, t: str, at: Mapping[str, int]) -> 
 def shared_providers(graph: Graph) -> frozenset[tuple[str, str]]:
     """The ``(op, tensor)`` pairs of :func:`shared_reads` whose conversion later readers share."""
     return frozenset((prov, t) for group in shared_reads(graph)[1].values() for prov, t, _, _ in group)
+
+
+@lru_cache(maxsize=512)
+def spans(graph: Graph, early: bool) -> Mapping[str | None, tuple[tuple[str, str, int, int], ...]]:
+    """The spans of :func:`shared_reads` as a backend schedules the conversions: ``early``
+    (``Hardware.breadth_first_schedule``, XLA:CPU) as :func:`shared_reads` gives them; otherwise
+    (a latency-hiding scheduler, XLA:TPU and XLA:GPU) a top-level conversion starts at its first
+    reader, while a scan body's still start at the body's start (a layer's weights gathered
+    before its first matmul). ``predict``'s peak memory and the search's live sets both read
+    this."""
+    out = dict(shared_reads(graph)[1])
+    if not early and None in out:
+        at = {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}
+        out[None] = tuple((p, t, at[p], stop) for p, t, _, stop in out[None])
+    return out

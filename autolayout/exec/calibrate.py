@@ -437,6 +437,8 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         reduce_scatter_copies=platform == "cpu",
         # XLA:CPU runs half-precision dots in float32 (profiles.SRC_CPU_HALF_DOTS)
         upcasts_half_dots=platform == "cpu",
+        # XLA:CPU schedules breadth first (profiles.SRC_CPU_SCHEDULE)
+        breadth_first_schedule=platform == "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),

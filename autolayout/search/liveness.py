@@ -43,7 +43,7 @@ from autolayout.costmodel.copies import copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
-from autolayout.costmodel.sharing import shared_reads
+from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph
 
 __all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
@@ -143,13 +143,15 @@ class LivePoints(list):
         return self._split
 
 
-def live_points(graph: Graph) -> LivePoints:
+def live_points(graph: Graph, early: bool = False) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
-    :func:`transient`), one per schedule point, in schedule order."""
+    :func:`transient`), one per schedule point, in schedule order; ``early``: the shared
+    conversions' spans as a breadth-first schedule places them
+    (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`)."""
     units = lifetimes(graph)[0]
     combined = combined_reductions(graph)
     spans = copy_spans(graph)
-    shared = shared_reads(graph)[1]
+    shared = shared_spans(graph, early)
     rank = {n: i for i, n in enumerate(graph.order)}
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
