@@ -250,7 +250,7 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
-                gathered: Mapping[str, Mapping[str, int]] | None = None, early: bool = False) -> tuple[int, dict]:
+                gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -259,10 +259,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
     producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
-    (``OpCost.span_bytes``), live from where XLA schedules the conversion (the computation's start
-    for a value there throughout) to the last of them (``sharing.shared_reads``; counted as
-    ``transient``), from the start of their computation where ``early``
-    (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`)."""
+    (``OpCost.span_bytes``), live from where the schedule runs the conversion to the last of them
+    (:func:`~autolayout.costmodel.sharing.spans`; ``early``: ``Hardware.breadth_first_schedule``,
+    a top-level value there throughout converted at the step's start; counted as ``transient``)."""
     temps = temps or {}
     held = held or {}
     spans = _spans(graph, copies or {}, gathered or {}, early)

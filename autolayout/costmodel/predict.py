@@ -157,7 +157,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
     mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
-                                     gathered, hw.breadth_first_schedule)
+                                     gathered, early=hw.breadth_first_schedule)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -293,7 +293,8 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
         # a faster layout is only wanted if it fits: when even each tensor's share of the
         # devices does not fit (e.g. no remat, every layer's activations saved), no cost
         # tables or storage options are needed to know that
-        floor = share_floor(g, mesh, live_points(g))
+        # late spans are subsets of early ones: a floor for either schedule
+        floor = share_floor(g, mesh, live_points(g, early=False))
         if floor > limit:
             raise Dominated(f"no layout fits: at least {floor} B per device (each tensor's share of the "
                             f"{mesh.size} devices, at the peak), above memory_limit {int(limit)} B")

@@ -15,7 +15,8 @@ point's live tensors instead of summing them. Points:
 
 A point also lists the dot operand copies live there (:func:`copy`: ``copies.copy_spans``,
 from the operand's producer to its dot) and the converted copies that later readers share
-(:func:`gathered`: ``sharing.shared_reads``, from the first reader to the last).
+(:func:`gathered`: ``sharing.spans``, from where the schedule runs the conversion to the last
+reader).
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -143,7 +144,7 @@ class LivePoints(list):
         return self._split
 
 
-def live_points(graph: Graph, early: bool = False) -> LivePoints:
+def live_points(graph: Graph, *, early: bool) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order; ``early``: the shared
     conversions' spans as a breadth-first schedule places them
