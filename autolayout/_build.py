@@ -159,11 +159,11 @@ def _build(tr: Any, in_vals: list, in_names: list, outs: list, outvars: list, in
     for v, var in zip(outs, outvars):
         aval = var.aval
         if v.root is None:
-            specs.append(OutputSpec(None, (), tuple(aval.shape), np.dtype(aval.dtype).name,
+            specs.append(OutputSpec(None, (), tuple(aval.shape), dtype_name(aval.dtype),
                                     np.asarray(v.literal)))
         else:
             specs.append(OutputSpec(tname[v.root.id], names(v), tuple(aval.shape),
-                                    np.dtype(aval.dtype).name))
+                                    dtype_name(aval.dtype)))
     return Graph(ops, input_names=[tname[v.id] for v in in_vals], in_tree=in_tree, outputs=specs,
                  out_tree=out_tree, loops=loops, name=gname)
 
@@ -195,3 +195,11 @@ def _node_for(o: _Val, p: _Pending) -> _Val:
     if o.root is None:
         raise AssertionError("literal operand of a non-elementwise op was not materialised")
     return o.root
+
+
+def dtype_name(dtype: Any) -> str:
+    """numpy's name of ``dtype`` (``float32``), or jax's for an extended dtype numpy cannot
+    hold (a typed PRNG key passed through the step: ``key<fry>``)."""
+    import jax
+
+    return str(dtype) if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype).name

@@ -249,10 +249,10 @@ def leaf_role(roles: Any, args: tuple, path: Sequence[Any], n_under: Sequence[in
 def _library_role(args: Any, path: Sequence[Any]) -> str | None:
     node = args
     for key in path:
-        cls = type(node)
-        mod = cls.__module__ or ""
-        if mod.startswith("flax"):
-            names = {c.__name__ for c in cls.__mro__}
+        # the Flax classes among the node's type and its bases: a user's subclass of
+        # TrainState (adding batch_stats or a dropout key) is a TrainState
+        names = {c.__name__ for c in type(node).__mro__ if (c.__module__ or "").startswith("flax")}
+        if names:
             if "TrainState" in names:
                 k = getattr(key, "name", None)
                 if k == "params":

@@ -19,7 +19,9 @@ REWRITES: dict[str, tuple[str, str]] = {
     "cond": ("`lax.cond` / `lax.switch` runs a branch chosen at run time, so the step's cost and "
              "collectives depend on the data",
              "compute both branches and pick with `jnp.where(pred, a, b)`, or make the choice outside "
-             "the traced function"),
+             "the traced function; a library's cond, such as `optax.MultiSteps`'s choice between "
+             "accumulating and applying gradients, goes with the library: trace the step without it "
+             "(accumulate over microbatches with `lax.scan` inside the step instead)"),
     "scatter": ("`x.at[i].set(v)` overwrites positions chosen at run time",
                 "`jnp.where(jax.nn.one_hot(i, n, dtype=bool), v, x)` (a mask along the indexed axis), "
                 "or `x.at[i].add(v - x[i])` with unique indices"),

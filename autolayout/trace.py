@@ -140,6 +140,13 @@ def trace(fn: Callable, *args: Any, dims: Any = None, roles: Any = None,
         arg_names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         arg_names = []
+    for path, leaf in flat:  # jax.make_jaxpr's own message points at jax.jit's static_argnums
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(leaf, (bool, int, float, complex)):
+            raise TraceError(
+                f"argument {jax.tree_util.keystr(tuple(path))} is a {type(leaf).__qualname__}, not an array: "
+                f"trace takes a step's array arguments, as jax.jit does. Pass the arrays only and close over the rest "
+                f"(equinox: params, static = eqx.partition(model, eqx.is_array), and in the step "
+                f"eqx.combine(params, static); Flax NNX: nnx.split(model))")
     closed = jax.make_jaxpr(fn)(*args)
     # Drop dead equations (e.g. the unused max-residuals of jax.nn.softmax's derivative):
     # jit removes them before they run, so the graph (and the cost model) must not count them.

@@ -106,8 +106,12 @@ NNX_PEAK = (
     "needs equal shapes (+32 KiB; a rule keyed on dots that read a value flattened put transformer_lm-forward 10% "
     "over); (2) its breadth-first schedule (BFSMemoryScheduler) computes mul_18 and add_any_0 back to back, "
     "before the up-projection's dot, where the jaxpr's order frees mul_18 first (+16 KiB net); (3) it keeps both "
-    "RMSNorms' normalised inputs materialised for the scale gradients' reduce fusions, which the model fuses "
-    "(+32 KiB)")
+    "RMSNorms' normalised inputs x * rsqrt(mean(x^2)) in memory from the forward pass to the scale gradients "
+    "(+32 KiB): XLA:CPU's YNNPACK reduce fusion (ynn_fusion.5, kCustom: reduce(multiply(a, b))) takes in the "
+    "gradient's multiply but not the normalised input's broadcast-multiply, which is computed into memory "
+    "(broadcast_multiply_fusion) as soon as its operands are ready, in the forward pass; the model fuses the "
+    "normalised input into its readers and materialises the product (mul_23) in the backward pass, at the "
+    "reduction")
 OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
     ("mlp-train", "hidden:data,model"): (
         "0.89 (0.89 of XLA's live bytes too: a liveness gap). XLA's peak is at the end of the step, at one "

@@ -300,6 +300,44 @@ def test_flax_train_state_roles():
         assert role.grad is not None
 
 
+def _user_train_state():
+    """A subclass of Flax's TrainState defined here, as users add batch statistics or a
+    dropout key to it."""
+    from flax import struct
+    from flax.training import train_state
+
+    class UserState(train_state.TrainState):
+        extra: dict = struct.field(default_factory=dict)
+
+    return UserState
+
+
+@pytest.mark.parametrize("subclass", [False, True], ids=["TrainState", "user-subclass-of-TrainState"])
+def test_flax_train_state_roles_without_roles_given(subclass):
+    from flax.training import train_state
+
+    cls = _user_train_state() if subclass else train_state.TrainState
+    extra = {"extra": {"ema": S((6,), F32)}} if subclass else {}
+    state = jax.eval_shape(lambda: cls.create(
+        apply_fn=None, params=jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), PARAMS),
+        tx=optax.adam(1e-3), **extra))
+
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+        return state.apply_gradients(grads=grads), loss
+
+    g = trace(step, state, BATCH, dims=(state.replace(step=None, params=PDIMS, opt_state=None,
+                                                      **({"extra": {"ema": "io"}} if subclass else {})), BDIMS))
+    ins = input_at(g)
+    # every leaf under .params is a parameter, every leaf under .opt_state optimizer state (its
+    # arrays: Adam's mu and nu and count), the rest inputs: read off the state's own pytree
+    for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:
+        role = g.tensor(ins[(SequenceKey(0), *path)]).role
+        field = path[0].name
+        assert role == {"params": "param", "opt_state": "opt_state"}.get(field, "input"), (path, role)
+    assert set(g.param_roles) == {ins[(SequenceKey(0), GetAttrKey("params"), DictKey(p))] for p in PARAMS}
+
+
 # --------------------------------------------------------------------------- Graph fields
 def test_graph_records_what_was_traced():
     g = zoo_cases.graph("mlp", True)

@@ -343,6 +343,55 @@ def test_unsupported_primitive_names_primitive_shapes_and_source_line(fn, args, 
         trace(fn, *args)
 
 
+@pytest.mark.parametrize("returned", [True, False], ids=["key-returned", "key-unused"])
+def test_a_typed_key_passed_through_traces_and_predicts_and_execute_says_what_to_do(returned):
+    """A typed PRNG key the step does not read (a TrainState's dropout key, an NNX model's
+    RngState in eval mode) is carried as an argument and maybe returned: ``trace`` and
+    ``predict`` accept it; ``execute``, whose sharded program holds plain arrays, names it and
+    the fix instead of failing inside numpy on the key's dtype."""
+    from autolayout import execute, predict
+    from autolayout.exec.runner import ArgumentError
+
+    def step(w, key, x):
+        w = w - 0.1 * jnp.mean(x @ w)
+        return (w, key) if returned else w
+
+    w, key, x = jnp.ones((8, 8)), jax.random.key(0), jnp.ones((4, 8))
+    g = trace(step, w, key, x, dims=("d e", None, "batch d"), roles=("param", "input", "input"))
+    assert [o.dtype for o in g.outputs] == [str(o.dtype) for o in jax.tree.leaves(jax.eval_shape(step, w, key, x))]
+    assert predict(g, "data:2,model:4", "batch:data", hardware="tpu-v4").memory_bytes > 0
+    with pytest.raises(ArgumentError, match=r"argument \[1\](, output \[1\] of 'step' are typed PRNG keys| of 'step' is a typed PRNG key)"
+                       r" \(jax.random.key\).*Leave the key out"):
+        execute(g, "data:2,model:4", "batch:data", args=(w, key, x), repeats=1, reference=False)
+
+
+def test_a_non_array_argument_leaf_is_named_with_the_fix():
+    """An equinox model passed whole (as eqx.filter_jit takes it) holds its activation
+    function: trace names that leaf and says to partition the arrays out."""
+    import equinox as eqx
+    model = eqx.nn.MLP(4, 2, 8, depth=1, key=jax.random.key(0))
+    with pytest.raises(TraceError, match=r"argument \[0\]\.activation is a \w+, not an array.*eqx\.partition"):
+        trace(lambda m, x: jnp.sum(jax.vmap(m)(x)), model, jnp.ones((8, 4)))
+
+
+def test_optax_multisteps_cond_says_to_accumulate_with_a_scan():
+    """optax.MultiSteps picks between accumulating and applying with a `lax.cond` inside optax,
+    where the user cannot apply the generic rewrite: the message says what to do instead."""
+    import optax
+
+    tx = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)
+    w = jnp.ones((6, 4))
+    state = tx.init(w)
+
+    def step(w, state, x):
+        g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+        u, state = tx.update(g, state, w)
+        return optax.apply_updates(w, u), state
+
+    with pytest.raises(TraceError, match=r"unsupported primitive `cond`.*optax\.MultiSteps.*`lax\.scan`"):
+        trace(step, w, state, jnp.ones((8, 6)))
+
+
 def test_trace_error_is_a_value_error():
     # the CLI prints ValueErrors as one-line messages
     assert issubclass(TraceError, ValueError)

@@ -252,6 +252,33 @@ def check_args(graph: Graph, args: Any) -> list[Any]:
     return leaves
 
 
+def _refuse_prng_keys(graph: Graph) -> None:
+    """Raise :class:`ArgumentError` if the traced step takes or returns a typed PRNG key
+    (``jax.random.key``): ``trace`` lets one pass through unread (it prices as 4 bytes a key),
+    but the sharded program and its arguments hold plain arrays only."""
+    import jax
+
+    def is_key(dtype: Any) -> bool:
+        return isinstance(dtype, str) and dtype.startswith("key<") or (
+            not isinstance(dtype, str) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+
+    found = []
+    spec = getattr(graph, "example_spec", None)
+    if spec is not None:
+        found += [f"argument {jax.tree_util.keystr(p)}" for p, leaf in jax.tree_util.tree_flatten_with_path(spec)[0]
+                  if is_key(leaf.dtype)]
+    out_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        jax.tree_util.tree_unflatten(graph.out_tree, list(range(graph.out_tree.num_leaves))))[0]]
+    found += [f"output {p}" for p, o in zip(out_paths, graph.outputs) if is_key(o.dtype)]
+    if found:
+        raise ArgumentError(
+            f"execute: {', '.join(found[:3])}{' ...' if len(found) > 3 else ''} of {graph.name!r} "
+            f"{'is a typed PRNG key' if len(found) == 1 else 'are typed PRNG keys'} (jax.random.key); a sharded run takes and returns plain arrays only (autolayout traces no random "
+            f"number generation). Leave the key out of the traced step's arguments and results: e.g. a dropout key "
+            f"in a TrainState, or nnx.split(model, nnx.Param, ...) without the model's nnx.RngState. predict and "
+            f"search price the graph as traced")
+
+
 def _dtype_kind(dtype: Any) -> str:
     """``"float"``, ``"integer"``, ``"bool"`` or ``"complex"``: what an argument must match
     (widths may differ: arguments are cast to the traced dtype)."""
@@ -425,6 +452,7 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     import jax
 
     require_graph(graph, "execute")
+    _refuse_prng_keys(graph)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     amesh, jmesh = jax_mesh(mesh, devices)
