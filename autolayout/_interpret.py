@@ -25,6 +25,7 @@ CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_cal
          "custom_vjp_call_jaxpr": "fun_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
          "remat": "jaxpr"}
 REMAT_CALLS = frozenset(["remat2", "checkpoint", "remat"])  # jax.checkpoint's primitive names
+_NAN = float("nan")  # the one NaN a gather's fill_value attr holds, so that equal ops' attrs compare equal
 
 
 class _Tracer(_AlongRules):
@@ -286,7 +287,7 @@ class _Tracer(_AlongRules):
         kept = [i for i in range(len(tv.shape)) if i != axis and i not in ob]
         ipos = [o for o in range(len(aval.shape)) if o not in offset]  # index dims -> output positions
         if tv.shape[axis] == 1:  # a size-1 axis: a view of the table (index 0), e.g. x[..., 0] of [..., 1]
-            if tv.root is not None and self._index_is_zero(iv, eqn):
+            if tv.root is not None and self._index_is_zero(iv, eqn, gather=True):
                 out = self.view(tv, aval, ctx)
                 self.bind(tv, [(a, out.slots[o]) for a, o in zip(kept, offset)] +
                           [(b, out.slots[ipos[j]]) for b, j in zip(ob, ib)], eqn, ctx)
@@ -301,19 +302,40 @@ class _Tracer(_AlongRules):
         p = _Pending("gather", "take", "gather", out, [table, idx],
                      [self.node_of(table, ctx), self.node_of(idx, ctx)], _binder(eqn),
                      ctx[0], ctx[1], self.source(eqn))
+        bounds = self._bounds_attrs(eqn, aval)
         p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),) + _batch_attr(
-            name, [table.slots[b] for b in ob])
+            name, [table.slots[b] for b in ob]) + bounds
         self.add(p)
         return out
 
-    def _index_is_zero(self, iv: _Val, eqn: Any) -> bool:
-        """Whether a literal index selects element 0 of a size-1 axis (every mode but
-        FILL_OR_DROP clamps any index to 0 there)."""
+    def _bounds_attrs(self, eqn: Any, aval: Any) -> tuple:
+        """The ``mode`` attr (jax's ``GatherScatterMode``: what an index outside the indexed
+        dim does) and, for a gather that fills, ``fill_value`` (in the output's dtype)."""
+        from jax.lax import GatherScatterMode
+
+        mode = GatherScatterMode.from_any(eqn.params["mode"])
+        if eqn.primitive.name != "gather" or mode != GatherScatterMode.FILL_OR_DROP:
+            return (("mode", mode),)
+        fill = eqn.params.get("fill_value")
+        if fill is None:  # lax.gather resolves the default itself; a bare gather_p.bind may not
+            raise self.unsupported(eqn, "a FILL_OR_DROP gather without a fill_value: pass one "
+                                   "(jnp.take(x, i, mode='fill', fill_value=...)) or use mode='clip'")
+        value = np.asarray(fill).astype(np.dtype(aval.dtype)).item()
+        return (("mode", mode), ("fill_value", _NAN if value != value else value))
+
+    def _index_is_zero(self, iv: _Val, eqn: Any, *, gather: bool) -> bool:
+        """Whether a literal index selects element 0 of a size-1 axis: any index does where
+        it is clamped (a gather's CLIP and PROMISE_IN_BOUNDS, XLA's clamped start indices;
+        a scatter's CLIP); elsewhere an index other than 0 fills (FILL_OR_DROP gather) or
+        is dropped (a scatter's FILL_OR_DROP and PROMISE_IN_BOUNDS: XLA skips
+        out-of-bounds updates), so every index must be 0."""
+        from jax.lax import GatherScatterMode as M
+
         if iv.root is not None:
             return False
-        mode = str(eqn.params.get("mode", ""))
-        return "FILL_OR_DROP" not in mode or bool(np.all(np.asarray(iv.literal) % 1 == 0) and
-                                                  np.all(np.isin(np.asarray(iv.literal), (0, -1))))
+        mode = M.from_any(eqn.params["mode"])
+        clamped = mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)
+        return clamped or bool(np.all(np.asarray(iv.literal) == 0))
 
     def scatter_add(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         """The transpose of :meth:`gather`: add the updates at the indexed positions of
@@ -334,7 +356,7 @@ class _Tracer(_AlongRules):
         scat = [i for i in range(len(uv.shape)) if i not in window]  # update dims <- index dims
         if aval.shape[axis] == 1:  # a size-1 axis: zeros plus the updates, a view of them
             zero = ov.root is None and not np.any(np.asarray(ov.literal))
-            if zero and self._index_is_zero(iv, eqn):
+            if zero and self._index_is_zero(iv, eqn, gather=False):
                 out = self.view(uv, aval, ctx)
                 if uv.root is not None:
                     self.bind(uv, [(w, out.slots[k]) for w, k in zip(window, kept)] +
@@ -351,8 +373,9 @@ class _Tracer(_AlongRules):
         p = _Pending("scatter", "scatter-add", "scatter_add", out, [operand, idx, upd],
                      [self.node_of(v, ctx) for v in (operand, idx, upd)], _binder(eqn),
                      ctx[0], ctx[1], self.source(eqn))
+        bounds = self._bounds_attrs(eqn, aval)
         p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),) + _batch_attr(
-            name, [out.slots[b] for b in ob])
+            name, [out.slots[b] for b in ob]) + bounds
         self.add(p)
         return out
 
