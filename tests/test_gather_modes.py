@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,3 +109,89 @@ def test_lowering_without_a_mode_names_the_op():
     bare = dataclasses.replace(gather, attrs=tuple((k, v) for k, v in gather.attrs if k != "mode"))
     with pytest.raises(LoweringError, match=f"gather op '{gather.name}' has no 'mode' attr.*trace the step again"):
         out_of_range(bare)
+
+
+# ---------------------------------------------------------------- per-element index
+# eqx.nn.Embedding applied per token under jax.vmap gathers with a 2-column index
+# (token, 0) (mode CLIP; its gradient a scatter-add of the same form): a one-axis lookup.
+EQX_LOOKUPS = {
+    "eqx_embedding": lambda t, i: jax.vmap(jax.vmap(eqx.nn.Embedding(weight=t)))(i),
+    "vmap_index": lambda t, i: jax.vmap(jax.vmap(lambda j: t[j]))(i),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def eqx_case(lookup: str):
+    def loss(p, b):
+        e = EQX_LOOKUPS[lookup](p["embed"], b["tok"])
+        return jnp.mean(jnp.tanh(e @ p["w"]) * jnp.arange(1.0, D + 1))
+
+    step = train_step(loss, "sgd", 0.1)
+    params = case("index")[1]
+    args = (params, (), {"tok": ids("out_of_range")})
+    g = trace(step, *args, dims=({"embed": "vocab d_model", "w": "d_model d_h"}, None, {"tok": "batch length"}),
+              roles=("param", "opt_state", "input"))
+    return step, args, g
+
+
+@pytest.mark.parametrize("lookup", sorted(EQX_LOOKUPS))
+def test_per_element_index_is_a_one_axis_lookup(lookup):
+    step, args, g = eqx_case(lookup)
+    jaxpr = jax.make_jaxpr(step)(*args)
+    (gather,) = [e for e in jaxpr.eqns if e.primitive.name == "gather"]
+    assert gather.invars[1].aval.shape == (B, L, 2) and gather.params["mode"] == M.CLIP  # the pattern itself
+    ops = {op.kind: op for op in g.ops()}
+    assert ops["gather"].attr("indexed") == "vocab" and ops["scatter"].attr("indexed") == "vocab"
+    assert g.tensor(ops["gather"].inputs[1]).dim_names == ("batch", "length")  # the token column alone
+    ref = jax.jit(step)(*args)
+    np.testing.assert_allclose(np.asarray(g.evaluate(*args)[2]), np.asarray(ref[2]), rtol=1e-6)  # the replays
+
+
+@pytest.mark.parametrize("layout", ["", "batch:data", "vocab:model", "batch:data;vocab:model", "d_model:model"])
+def test_per_element_index_executes_as_jit(layout):
+    step, args, g = eqx_case("eqx_embedding")
+    ref = jax.jit(step)(*args)
+    ex = execute(g, MESH, layout, args=args, repeats=1, compiler_options=FAST)
+    assert ex.max_abs_error <= 1e-5, ex.summary()
+    np.testing.assert_allclose(np.asarray(ex.outputs[2]), np.asarray(ref[2]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ex.outputs[0]["embed"]), np.asarray(ref[0]["embed"]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_per_element_index_that_may_fill_names_the_rewrite():
+    """In FILL_OR_DROP mode the second column decides whether a row fills, so it is not a
+    one-axis lookup unless it is 0: rejected with the rewrite."""
+    from autolayout import TraceError
+
+    def f(t, i):
+        idx = jnp.stack([i, jnp.zeros_like(i)], axis=-1)
+        dn = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1))
+        return jax.lax.gather(t, idx, dn, (1, D), mode="fill").sum()
+
+    with pytest.raises(TraceError, match=r"(?s)gather.*embedding row lookup written with a per-element index.*"
+                                         r"FILL_OR_DROP.*jnp\.take\(weight, ids, axis=0\) or weight\[ids\]"):
+        trace(f, case("index")[1]["embed"], jnp.arange(B, dtype=jnp.int32), dims=("vocab d_model", "batch"))
+
+
+@pytest.mark.parametrize("layout", ["", "batch:data;vocab:model", "vocab:data,model"])
+def test_take_along_axis_out_of_range_labels(layout):
+    """Cross-entropy's label pick (a gather with batching dims, FILL_OR_DROP: NaN for a label
+    outside the vocabulary) and its gradient (dropped) over a split vocabulary, as jax.jit."""
+    def step(w, x, labels):
+        def loss(w):
+            logits = x @ w
+            pick = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)
+            return -jnp.mean(jnp.where(jnp.isnan(pick), 0.25, pick))
+        l, gw = jax.value_and_grad(loss)(w)
+        return l, w - 0.1 * gw
+
+    w = jax.random.normal(jax.random.key(3), (D, V))
+    x = jax.random.normal(jax.random.key(4), (B, D))
+    labels = jnp.array([1, V + 2, 5, -V - 1, 30, -1, V, 0], jnp.int32)  # jnp wraps -1 (-> V - 1) only
+    args = (w, x, labels)
+    g = trace(step, *args, dims=("d_model vocab", "batch d_model", "batch"))
+    ref = jax.jit(step)(*args)
+    ex = execute(g, MESH, layout, args=args, repeats=1, compiler_options=FAST)
+    assert ex.max_abs_error <= 1e-5, ex.summary()
+    np.testing.assert_allclose(np.asarray(ex.outputs[0]), np.asarray(ref[0]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ex.outputs[1]), np.asarray(ref[1]), rtol=1e-5, atol=1e-6)
