@@ -328,14 +328,14 @@ class _Tracer(_AlongRules):
         if len(cols) == 1 and collapsed == cols:
             return cols[0], 0
         look = [j for j, b in enumerate(cols) if b in collapsed or sizes[b] != shape[b]]
-        b = cols[look[0]] if len(look) == 1 else None
+        b = cols[look[0]] if len(look) == 1 and len(cols) > 1 else None
         if b is None or sizes[b] != 1 or shape[b] == 1 or not set(collapsed) <= {b} or any(
                 i in ob for i in cols):
             raise self.unsupported(eqn, f"only {what}s along one axis (jnp.take, x[:, idx], jnp.take_along_axis"
                                    f"{'' if gather else ', their gradients'}) are supported; this index has "
                                    f"{len(cols)} columns selecting along axes {cols} of {shape}")
         mode = M.from_any(eqn.params["mode"])
-        if len(cols) > 1 and not (mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)):
+        if not (mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)):
             raise self.unsupported(
                 eqn, f"an embedding row lookup written with a per-element index (columns {cols}, e.g. "
                 f"eqx.nn.Embedding under jax.vmap) in mode {mode.name}, where an index column other than the "

@@ -117,6 +117,7 @@ def test_lowering_without_a_mode_names_the_op():
 EQX_LOOKUPS = {
     "eqx_embedding": lambda t, i: jax.vmap(jax.vmap(eqx.nn.Embedding(weight=t)))(i),
     "vmap_index": lambda t, i: jax.vmap(jax.vmap(lambda j: t[j]))(i),
+    "vmap_dynamic_slice": lambda t, i: jax.vmap(jax.vmap(lambda j: jax.lax.dynamic_slice_in_dim(t, j, 1)[0]))(i),
 }
 
 
