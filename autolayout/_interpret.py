@@ -25,6 +25,7 @@ CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_cal
          "custom_vjp_call_jaxpr": "fun_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
          "remat": "jaxpr"}
 REMAT_CALLS = frozenset(["remat2", "checkpoint", "remat"])  # jax.checkpoint's primitive names
+_NAN = float("nan")  # the one NaN a gather's fill_value attr holds, so that equal ops' attrs compare equal
 
 
 class _Tracer(_AlongRules):
@@ -273,20 +274,23 @@ class _Tracer(_AlongRules):
         dn = eqn.params["dimension_numbers"]
         ob, ib = tuple(dn.operand_batching_dims), tuple(dn.start_indices_batching_dims)
         sizes = eqn.params["slice_sizes"]
-        ok = (len(dn.start_index_map) == 1 and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
-              and iv.shape and iv.shape[-1] == 1
-              and all(s == tv.shape[i] for i, s in enumerate(sizes)
-                      if i not in dn.collapsed_slice_dims and i not in ob)
+        axis, col = self._lookup_axis(eqn, tv.shape, iv.shape, dn.start_index_map, dn.collapsed_slice_dims,
+                                      sizes, ob, gather=True)
+        ok = (all(s == tv.shape[i] for i, s in enumerate(sizes)
+                  if i not in dn.collapsed_slice_dims and i not in ob and i != axis)
               and all(sizes[i] == 1 for i in ob))
         if not ok:
             raise self.unsupported(eqn, "only lookups along one axis (jnp.take, x[:, idx], "
                                    "jnp.take_along_axis) are supported")
-        axis = dn.collapsed_slice_dims[0]
-        offset = sorted(dn.offset_dims)
-        kept = [i for i in range(len(tv.shape)) if i != axis and i not in ob]
-        ipos = [o for o in range(len(aval.shape)) if o not in offset]  # index dims -> output positions
+        ipos = [o for o in range(len(aval.shape)) if o not in dn.offset_dims]  # index dims -> output positions
+        kept = [i for i in range(len(tv.shape)) if i not in dn.collapsed_slice_dims and i not in ob]
+        pairs = [(o, a) for o, a in zip(sorted(dn.offset_dims), kept) if a != axis]  # an uncollapsed row: size 1
+        offset, kept = [o for o, _ in pairs], [a for _, a in pairs]
+        replay = _binder(eqn)
+        if iv.shape[-1] > 1:  # (token, 0): the lookup's column alone (the others select whole slices)
+            iv, replay = self._index_column(eqn, iv, col, ctx), _with_zero_columns(eqn, col)
         if tv.shape[axis] == 1:  # a size-1 axis: a view of the table (index 0), e.g. x[..., 0] of [..., 1]
-            if tv.root is not None and self._index_is_zero(iv, eqn):
+            if tv.root is not None and self._index_is_zero(iv, eqn, gather=True):
                 out = self.view(tv, aval, ctx)
                 self.bind(tv, [(a, out.slots[o]) for a, o in zip(kept, offset)] +
                           [(b, out.slots[ipos[j]]) for b, j in zip(ob, ib)], eqn, ctx)
@@ -299,21 +303,85 @@ class _Tracer(_AlongRules):
                           [(b, out.slots[ipos[j]]) for b, j in zip(ob, ib)], eqn, ctx)
         idx = self.bind(idx, [(a, out.slots[o]) for a, o in zip(range(len(idx.shape) - 1), ipos)], eqn, ctx)
         p = _Pending("gather", "take", "gather", out, [table, idx],
-                     [self.node_of(table, ctx), self.node_of(idx, ctx)], _binder(eqn),
+                     [self.node_of(table, ctx), self.node_of(idx, ctx)], replay,
                      ctx[0], ctx[1], self.source(eqn))
+        bounds = self._bounds_attrs(eqn, aval)
         p.attrs_fn = lambda name: (("indexed", name(table.slots[axis])),) + _batch_attr(
-            name, [table.slots[b] for b in ob])
+            name, [table.slots[b] for b in ob]) + bounds
         self.add(p)
         return out
 
-    def _index_is_zero(self, iv: _Val, eqn: Any) -> bool:
-        """Whether a literal index selects element 0 of a size-1 axis (every mode but
-        FILL_OR_DROP clamps any index to 0 there)."""
+    def _lookup_axis(self, eqn: Any, shape: tuple, ishape: tuple, cols: Sequence[int], collapsed: Sequence[int],
+                     sizes: Sequence[int], ob: tuple, *, gather: bool) -> tuple[int, int]:
+        """The operand axis a gather (scatter) looks up along and its column of the index:
+        the one column (``collapsed`` the axis), or, where the index has several columns
+        (``eqx.nn.Embedding`` under ``jax.vmap`` indexes ``(token, 0)``), the one whose
+        slice is a single row, every other column selecting a whole axis, which the mode
+        clamps to start 0 whatever it holds (a gather's CLIP and PROMISE_IN_BOUNDS, a
+        scatter's CLIP: see ``exec.local_ops.out_of_range``), so the op is that one-axis lookup."""
+        from jax.lax import GatherScatterMode as M
+
+        cols, collapsed = tuple(cols), tuple(collapsed)
+        what = "gather" if gather else "scatter-add"
+        if not ishape or ishape[-1] != len(cols):
+            raise self.unsupported(eqn, f"a {what} whose index is not one vector per lookup")
+        if len(cols) == 1 and collapsed == cols:
+            return cols[0], 0
+        look = [j for j, b in enumerate(cols) if b in collapsed or sizes[b] != shape[b]]
+        b = cols[look[0]] if len(look) == 1 and len(cols) > 1 else None
+        if b is None or sizes[b] != 1 or shape[b] == 1 or not set(collapsed) <= {b} or any(
+                i in ob for i in cols):
+            raise self.unsupported(eqn, f"only {what}s along one axis (jnp.take, x[:, idx], jnp.take_along_axis"
+                                   f"{'' if gather else ', their gradients'}) are supported; this index has "
+                                   f"{len(cols)} columns selecting along axes {cols} of {shape}")
+        mode = M.from_any(eqn.params["mode"])
+        if not (mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)):
+            raise self.unsupported(
+                eqn, f"an embedding row lookup written with a per-element index (columns {cols}, e.g. "
+                f"eqx.nn.Embedding under jax.vmap) in mode {mode.name}, where an index column other than the "
+                f"row's need not be 0; write it as jnp.take(weight, ids, axis=0) or weight[ids]")
+        return b, look[0]
+
+    def _index_column(self, eqn: Any, iv: _Val, col: int, ctx: tuple) -> _Val:
+        """Column ``col`` of a gather's (scatter's) index, ``idx[..., col:col+1]``, traced as
+        the ``slice`` jax would have for it."""
+        from jax import lax
+        from jax._src import core
+
+        aval = core.ShapedArray((*iv.shape[:-1], 1), np.dtype(iv.dtype))
+        sl = eqn.replace(invars=[eqn.invars[1]], outvars=[core.Var(aval)], primitive=lax.slice_p,
+                         params={"start_indices": (0,) * (len(iv.shape) - 1) + (col,),
+                                 "limit_indices": (*iv.shape[:-1], col + 1), "strides": None})
+        return self.along_eqn(sl, [iv], ctx)[0]
+
+    def _bounds_attrs(self, eqn: Any, aval: Any) -> tuple:
+        """The ``mode`` attr (jax's ``GatherScatterMode``: what an index outside the indexed
+        dim does) and, for a gather that fills, ``fill_value`` (in the output's dtype)."""
+        from jax.lax import GatherScatterMode
+
+        mode = GatherScatterMode.from_any(eqn.params["mode"])
+        if eqn.primitive.name != "gather" or mode != GatherScatterMode.FILL_OR_DROP:
+            return (("mode", mode),)
+        fill = eqn.params.get("fill_value")
+        if fill is None:  # lax.gather resolves the default itself; a bare gather_p.bind may not
+            raise self.unsupported(eqn, "a FILL_OR_DROP gather without a fill_value: pass one "
+                                   "(jnp.take(x, i, mode='fill', fill_value=...)) or use mode='clip'")
+        value = np.asarray(fill).astype(np.dtype(aval.dtype)).item()
+        return (("mode", mode), ("fill_value", _NAN if value != value else value))
+
+    def _index_is_zero(self, iv: _Val, eqn: Any, *, gather: bool) -> bool:
+        """Whether a literal index selects element 0 of a size-1 axis: any index does where
+        it is clamped (a gather's CLIP and PROMISE_IN_BOUNDS, XLA's clamped start indices;
+        a scatter's CLIP); elsewhere an index other than 0 fills (FILL_OR_DROP gather) or
+        is dropped (a scatter's FILL_OR_DROP and PROMISE_IN_BOUNDS: XLA skips
+        out-of-bounds updates), so every index must be 0."""
+        from jax.lax import GatherScatterMode as M
+
         if iv.root is not None:
             return False
-        mode = str(eqn.params.get("mode", ""))
-        return "FILL_OR_DROP" not in mode or bool(np.all(np.asarray(iv.literal) % 1 == 0) and
-                                                  np.all(np.isin(np.asarray(iv.literal), (0, -1))))
+        mode = M.from_any(eqn.params["mode"])
+        clamped = mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)
+        return clamped or bool(np.all(np.asarray(iv.literal) == 0))
 
     def scatter_add(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:
         """The transpose of :meth:`gather`: add the updates at the indexed positions of
@@ -321,20 +389,28 @@ class _Tracer(_AlongRules):
         ov, iv, uv = ins
         dn = eqn.params["dimension_numbers"]
         ob, ib = tuple(dn.operand_batching_dims), tuple(dn.scatter_indices_batching_dims)
-        ok = (len(dn.scatter_dims_to_operand_dims) == 1
-              and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
-              and iv.shape and iv.shape[-1] == 1
-              and len(dn.update_window_dims) == len(aval.shape) - 1 - len(ob))
+        window = sorted(dn.update_window_dims)
+        ok = len(window) == len(aval.shape) - len(dn.inserted_window_dims) - len(ob)
+        kept = [i for i in range(len(aval.shape)) if i not in dn.inserted_window_dims and i not in ob]
+        sizes = [1 if i not in kept else uv.shape[window[kept.index(i)]] for i in range(len(aval.shape))] if ok else []
         if not ok:
             raise self.unsupported(eqn, "only scatter-adds along one axis (the gradient of jnp.take or "
                                    "jnp.take_along_axis) are supported")
-        axis = dn.inserted_window_dims[0]
-        window = sorted(dn.update_window_dims)
-        kept = [i for i in range(len(aval.shape)) if i != axis and i not in ob]
+        axis, col = self._lookup_axis(eqn, aval.shape, iv.shape, dn.scatter_dims_to_operand_dims,
+                                      dn.inserted_window_dims, sizes, ob, gather=False)
+        if any(sizes[i] != aval.shape[i] for i in kept if i != axis):
+            raise self.unsupported(eqn, "only scatter-adds of whole rows along one axis (the gradient of "
+                                   "jnp.take or jnp.take_along_axis) are supported")
         scat = [i for i in range(len(uv.shape)) if i not in window]  # update dims <- index dims
+        pairs = [(w, a) for w, a in zip(window, kept) if a != axis]  # an uncollapsed row: size 1
+        window, kept = [w for w, _ in pairs], [a for _, a in pairs]
+        replay = _binder(eqn)
+        if iv.shape[-1] > 1:
+            iv, replay = self._index_column(eqn, iv, col, ctx), _with_zero_columns(eqn, col)
+            ins = [ov, iv, uv]
         if aval.shape[axis] == 1:  # a size-1 axis: zeros plus the updates, a view of them
             zero = ov.root is None and not np.any(np.asarray(ov.literal))
-            if zero and self._index_is_zero(iv, eqn):
+            if zero and self._index_is_zero(iv, eqn, gather=False):
                 out = self.view(uv, aval, ctx)
                 if uv.root is not None:
                     self.bind(uv, [(w, out.slots[k]) for w, k in zip(window, kept)] +
@@ -349,10 +425,11 @@ class _Tracer(_AlongRules):
                         [(scat[j], out.slots[b]) for b, j in zip(ob, ib)], eqn, ctx)
         idx = self.bind(idx, [(a, upd.slots[s]) for a, s in zip(range(len(idx.shape) - 1), scat)], eqn, ctx)
         p = _Pending("scatter", "scatter-add", "scatter_add", out, [operand, idx, upd],
-                     [self.node_of(v, ctx) for v in (operand, idx, upd)], _binder(eqn),
+                     [self.node_of(v, ctx) for v in (operand, idx, upd)], replay,
                      ctx[0], ctx[1], self.source(eqn))
+        bounds = self._bounds_attrs(eqn, aval)
         p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),) + _batch_attr(
-            name, [out.slots[b] for b in ob])
+            name, [out.slots[b] for b in ob]) + bounds
         self.add(p)
         return out
 
@@ -437,6 +514,21 @@ def _used_vars(jaxpr: Any) -> set:
 
     used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, Literal)}
     return used | {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+
+
+def _with_zero_columns(eqn: Any, col: int) -> Any:
+    """``eqn``'s gather (scatter) applied to an index holding column ``col`` only: the other
+    columns put back as 0, the start every one of them is clamped to (see ``_lookup_axis``)."""
+    prim, params = eqn.primitive, dict(eqn.params)
+    k = eqn.invars[1].aval.shape[-1]
+
+    def fn(*xs: Any) -> Any:
+        import jax.numpy as jnp
+
+        i = xs[1]
+        cols = [i if j == col else jnp.zeros_like(i) for j in range(k)]
+        return prim.bind(xs[0], jnp.concatenate(cols, axis=-1), *xs[2:], **params)
+    return fn
 
 
 def _batch_attr(name: Any, slots: list) -> tuple:

@@ -96,6 +96,10 @@ class Op:
     the same number (a kept dim is the group ``((d,), (d,))``; a rename
     ``((length,), (length_1,))``; a split ``((hk,), (heads, d_kv))``; the loop
     ``slice`` drops ``((layers,), ())`` and ``stack`` adds ``((), (layers,))``).
+    ``gather``/``scatter`` ops hold ``("indexed", dim)``, ``("batch", dims)`` (batching
+    dims, if any), ``("mode", jax.lax.GatherScatterMode)`` (what an out-of-range index
+    does: see :func:`autolayout.exec.local_ops.out_of_range`) and, for a FILL_OR_DROP
+    gather, ``("fill_value", v)`` in the output's dtype.
     """
 
     name: str

@@ -38,6 +38,32 @@ from autolayout.schedule import align
 
 
 
+def out_of_range(op: Any) -> tuple[str, Any]:
+    """What a gather or scatter op does with an index outside its indexed dim, as jax's
+    compiled op does for the op's ``mode`` attr: ``("clamp", None)``, ``("fill", value)``
+    (a gather's out-of-range rows) or ``("drop", None)`` (a scatter's out-of-range updates).
+
+    Sources: XLA's operation semantics (openxla.org/xla/operation_semantics): Gather
+    clamps start indices into the operand, Scatter skips an update whose index is out of
+    bounds; jax lowers a gather's FILL_OR_DROP as a PROMISE_IN_BOUNDS gather masked with
+    ``fill_value`` (``lax.slicing._gather_fill``) and a scatter's CLIP by clamping the
+    indices first (``lax.slicing._clamp_scatter_indices``). So PROMISE_IN_BOUNDS clamps a
+    gather's index but drops a scatter's update (its gradient), exactly as ``jax.jit``.
+
+    Raises:
+        LoweringError: the op has no ``mode`` attr (a graph not made by the tracer).
+    """
+    from jax.lax import GatherScatterMode as M
+
+    mode = op.attr("mode")
+    if mode is None:
+        raise LoweringError(f"{op.kind} op {op.name!r} has no 'mode' attr (what an out-of-range index "
+                            "does); trace the step again with autolayout.trace to record it")
+    if op.kind == "gather":
+        return ("fill", op.attr("fill_value")) if mode == M.FILL_OR_DROP else ("clamp", None)
+    return ("clamp", None) if mode == M.CLIP else ("drop", None)
+
+
 def axis_name(axes: tuple[str, ...]) -> Any:
     return axes[0] if len(axes) == 1 else tuple(axes)
 
@@ -176,15 +202,23 @@ class LocalOps:
         return align(idx, kept, op.output.dim_names)
 
     # ------------------------------------------------------ gather/scatter
-    def _local_index(self, idx: Any, vdim: str, split: tuple[str, ...]) -> tuple[Any, Any, int]:
-        """Indices into this device's block of ``vdim`` (split over ``split``), a validity
-        mask (``None`` when unsplit), and the block size."""
-        nl = self.g.dims[vdim] // self.nsplit(split)
-        if not split:
-            return idx, None, nl
-        local = idx - self.axis_offset(split, nl).astype(idx.dtype)
-        valid = (local >= 0) & (local < nl)
-        return local, valid, nl
+    def _local_index(self, idx: Any, op: Any, vdim: str, split: tuple[str, ...]) -> tuple[Any, Any, Any, int]:
+        """Indices into this device's block of ``vdim`` (split over ``split``), whether each
+        is in the block, whether each global index is out of range (``None`` where the op
+        clamps it, see :func:`out_of_range`), and the block size. A clamped index is
+        clamped globally, into ``[0, n)``, before it is localised: the one device holding
+        row ``n - 1`` (or ``0``) reads it, as jax's unsharded op does."""
+        import jax.numpy as jnp
+
+        n = self.g.dims[vdim]
+        nl = n // self.nsplit(split)
+        outside = None
+        if out_of_range(op)[0] == "clamp":
+            idx = jnp.clip(idx, 0, n - 1)
+        else:
+            outside = (idx < 0) | (idx >= n)
+        local = idx - self.axis_offset(split, nl).astype(idx.dtype) if split else idx
+        return local, (local >= 0) & (local < nl), outside, nl
 
     def _read_operand(self, ins: dict, spec: tuple, p: Any) -> tuple[Any, list[str]]:
         """A replay operand aligned to its own non-size-1 names at the local shape of the
@@ -221,13 +255,17 @@ class LocalOps:
         free = [d for d in inames if d not in batch]
         table = align(table, tnames, batch + [vdim] + rest)
         idx = align(idx, inames, batch + free)
-        local, valid, _ = self._local_index(idx, vdim, p.reads[op.inputs[0]].axes_of(vdim))
-        if valid is not None:
-            local = jnp.where(valid, local, 0)
-        out = self._batched(lambda t, i: jnp.take(t, i, axis=0, mode="clip"), len(batch))(table, local)
+        split = p.reads[op.inputs[0]].axes_of(vdim)
+        local, valid, outside, _ = self._local_index(idx, op, vdim, split)
+        out = self._batched(lambda t, i: jnp.take(t, i, axis=0, mode="clip"), len(batch))(
+            table, jnp.where(valid, local, 0))
         out_dims = batch + free + rest
-        if valid is not None:
-            out = jnp.where(align(valid, batch + free, out_dims), out, jnp.zeros((), out.dtype))
+        out = jnp.where(align(valid, batch + free, out_dims), out, jnp.zeros((), out.dtype))
+        if outside is not None:  # fill: on one device where the vocabulary is split (partial sums)
+            fill = jnp.asarray(out_of_range(op)[1], out.dtype)
+            if split:
+                fill = jnp.where(self.axis_offset(split, 1) == 0, fill, jnp.zeros((), out.dtype))
+            out = jnp.where(align(outside, batch + free, out_dims), fill, out)
         return align(out, out_dims, op.output.dim_names)
 
     def scatter(self, op: Any, ins: dict, p: Any) -> Any:
@@ -247,9 +285,8 @@ class LocalOps:
         upd = jnp.broadcast_to(align(upd, unames, batch + free + rest),
                                tuple(lsize[d] for d in batch + free + rest))
         idx = align(idx, inames, batch + free)
-        local, valid, nl = self._local_index(idx, vdim, p.axes.get(vdim, ()))
-        if valid is not None:
-            local = jnp.where(valid, local, nl)  # out of bounds: dropped
+        local, valid, _, nl = self._local_index(idx, op, vdim, p.axes.get(vdim, ()))
+        local = jnp.where(valid, local, nl)  # outside this block (or dropped): index nl, dropped
         z = jnp.zeros((*(lsize[d] for d in batch), nl, *(lsize[d] for d in rest)), np.dtype(op.output.dtype))
         z = self._batched(lambda z, i, u: z.at[i].add(u.astype(z.dtype), mode="drop"), len(batch))(z, local, upd)
         return align(z, (*batch, vdim, *rest), out_dims)
