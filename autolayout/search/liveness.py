@@ -47,7 +47,7 @@ from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, 
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph
 
-__all__ = ["LivePoints", "live_points", "peak_of", "live_peak_of", "transient", "is_transient", "held", "is_held",
+__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "transient", "is_transient", "held", "is_held",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of"]
 
 _TRANSIENT = "\x00transient:"
@@ -192,14 +192,23 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
     if not outputs:
         return live_peak_of(points, size)
     best, at = -1, 0
-    for i, (names, (temps, free)) in enumerate(zip(points, points.split())):
-        total = sum(size.get(n, 0) for n in names)
-        free_bytes = [size.get(o, 0) for o in free]
-        if any(free_bytes):
-            total += unplaced_output_bytes([size.get(n, 0) for n in temps], free_bytes)
+    for i in range(len(points)):
+        total = total_at(points, size, i)
         if total > best:
             best, at = total, i
     return max(best, 0), at
+
+
+def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -> int:
+    """The bytes :func:`peak_of` counts at point ``i``: its live bytes, plus the unplaced bytes
+    of the outputs allocated for the whole call not yet written there (:class:`LivePoints`)."""
+    total = sum(size.get(n, 0) for n in points[i])
+    if getattr(points, "outputs", frozenset()):
+        temps, free = points.split()[i]
+        free_bytes = [size.get(o, 0) for o in free]
+        if any(free_bytes):
+            total += unplaced_output_bytes([size.get(n, 0) for n in temps], free_bytes)
+    return total
 
 
 def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:

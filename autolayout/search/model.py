@@ -486,18 +486,26 @@ def tie_break_weights(sizes: list[int], cap: int = 2 ** 60) -> list[int]:
     raise RuntimeError(f"internal: {n} tie-break slots of sizes up to {max(sizes)} overflow even with weight 1")
 
 
-def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:
-    """Predicted seconds per step of ``point`` from the tables (exact up to float summation
-    order): the compute and exposed collectives, plus per overlap domain what its
-    overlappable collectives add beyond its compute (:func:`~autolayout.costmodel.overlap.step_time`)."""
+def layout_terms(tables: Tables, axes_of: dict[str, tuple[str, ...]]) -> tuple[float, dict[str, float]]:
+    """The parts of :func:`evaluate_time` the axes give before any storage option: the linear
+    seconds and the per-row overlap terms of :func:`~autolayout.costmodel.overlap.step_time`
+    (a storage option adds its ``dtime`` and ``dover`` to them)."""
     total = 0.0
     over: dict[str, float] = {}
     for g in tables.groups.values():
         if g.classes:
-            i = tables.restrict(point.axes_of, g.dims)
+            i = tables.restrict(axes_of, g.dims)
             total += float(g.time[i])
             for d, a in g.over.items():
                 over[d] = over.get(d, 0.0) + float(a[i])
+    return total, over
+
+
+def evaluate_time(tables: Tables, wus: list[WusParam], point: Decoded) -> float:
+    """Predicted seconds per step of ``point`` from the tables (exact up to float summation
+    order): the compute and exposed collectives, plus per overlap domain what its
+    overlappable collectives add beyond its compute (:func:`~autolayout.costmodel.overlap.step_time`)."""
+    total, over = layout_terms(tables, point.axes_of)
     for k, j in point.active:
         o = wus[k].options[j]
         total += o.dtime

@@ -9,8 +9,9 @@ from __future__ import annotations
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.search.liveness import copy, gathered, held, peak_of, transient
-from autolayout.search.model import Decoded, canonical_columns, evaluate_time
+from autolayout.search.liveness import copy, gathered, held, peak_of, total_at, transient
+from autolayout.costmodel.overlap import step_time
+from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
 from autolayout.search.wus import WusParam
 
@@ -52,7 +53,9 @@ def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limi
     put in canonical column order and takes the WUS options that save time. With the
     liveness ``points`` of a memory ``limit``, a result over the limit is then moved, one
     dim at a time, to the layout closest to fitting (each parameter stored in its smallest
-    option) until one fits; if none does, the time start is returned.
+    option) until one fits; from the fastest fitting one of that and the layouts the time
+    descents passed, a time descent among fitting layouts gives the result (the memory descent
+    minimises bytes over the limit, not time). If none fits, the time start is returned.
     """
     space = tables.space
 
@@ -98,8 +101,11 @@ def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limi
                 return False
         return True
 
+    path: list[dict] = []  # every layout the descents stood on, a fitting fallback (below)
+
     def descend(axes_of: dict) -> tuple[float, dict]:
         best = cost(axes_of)
+        path.append(axes_of)
         while True:
             move, move_t = None, best
             for cand in moves(axes_of):
@@ -109,6 +115,7 @@ def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limi
             if move is None:
                 return best, axes_of
             axes_of, best = move, move_t
+            path.append(axes_of)
 
     starts = [{}]
     inputs = [t for t in tables.graph.tensors() if t.role == "input"]
@@ -144,9 +151,50 @@ def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limi
         if move is None:
             break  # no single move brings it closer to fitting: CP-SAT searches from the time start
         axes_of, score = move, move_s
-    if score[0] > 0:
+    # the fastest fitting layout among the memory descent's end and the layouts the time descents
+    # passed (their starts, such as data parallelism, included), each with its time's or its
+    # smallest storage options: the memory descent minimises bytes over the limit, not time, and
+    # can end slower than a fitting layout passed on the way
+    hot: list[int] = []  # points where layouts tried so far peaked over the limit
+
+    def fits(pt: Decoded) -> bool:
+        sizes = sizes_of(tables, wus, pt)
+        # a layout over the limit is usually over it where another one was: those points first
+        if any(total_at(points, sizes, i) > limit for i in hot):
+            return False
+        peak, at = peak_of(points, sizes)
+        if peak > limit:
+            hot.append(at)
+        return peak <= limit
+
+    def fitting_point(a: dict, below: float = float("inf")) -> Decoded | None:
+        """``a`` (in canonical column order) with its time's storage options, else its smallest
+        ones: the first that fits and is faster than ``below``."""
+        a = canonical_columns(tables, a)
+        for f in (with_best_wus, with_least_memory_wus):
+            pt = f(tables, wus, a)
+            if evaluate_time(tables, wus, pt) < below and fits(pt):
+                return pt
+        return None
+
+    fitting = []
+    for a in ([axes_of] if score[0] <= 0 else []) + path:
+        pt = fitting_point(a)
+        if pt is not None:
+            fitting.append((evaluate_time(tables, wus, pt), len(fitting), pt))
+    if not fitting:
         return warm
-    return with_least_memory_wus(tables, wus, canonical_columns(tables, axes_of))
+    # then descend on time among the fitting layouts: from the fastest so far, move to the
+    # fastest faster candidate that fits (candidates tried fastest first), until none does
+    now_t, _, now = min(fitting)
+    while True:
+        faster = sorted((t, k, cand) for k, cand in enumerate(moves(now.axes_of))
+                        if (t := cost(cand)) < now_t * (1 - 1e-12))
+        found = next((pt for _, _, cand in faster if (pt := fitting_point(cand, now_t * (1 - 1e-12))) is not None),
+                     None)
+        if found is None:
+            return now
+        now, now_t = found, evaluate_time(tables, wus, found)
 
 
 def with_least_memory_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
@@ -164,13 +212,34 @@ def with_least_memory_wus(tables: Tables, wus: list[WusParam], axes_of: dict) ->
 
 
 def with_best_wus(tables: Tables, wus: list[WusParam], axes_of: dict) -> Decoded:
-    """``axes_of`` with, per parameter, the storage option that saves the most time (if any)."""
-    active, upd = [], {}
+    """``axes_of`` with storage options that lower the step time: parameters in the order of
+    what their best option saves alone, each taking the option that lowers the step time most
+    given those taken before it (if any does). An option's time is not additive: it also moves
+    collectives into an overlap domain (``dover``), where together they can exceed the compute
+    that hides them (:func:`~autolayout.costmodel.overlap.step_time`), so each is priced with the
+    others taken; the result is never slower than taking none."""
+    total, over = layout_terms(tables, axes_of)
+
+    def with_option(o) -> tuple[float, dict[str, float]]:
+        moved = dict(over)
+        for d, v in o.dover.items():
+            moved[d] = moved.get(d, 0.0) + v
+        return total + o.dtime, moved
+
+    alone = []
+    now = step_time(total, over)
     for k, p in enumerate(wus):
-        i = tables.restrict(axes_of, p.dims)
-        best = min(((p.options[j].dtime, j) for j in p.at(i)), default=None)
-        if best is not None and best[0] < 0:
-            o = p.options[best[1]]
-            active.append((k, best[1]))
-            upd[p.param] = (o.axes, o.stage)
+        js = p.at(tables.restrict(axes_of, p.dims))
+        if js:
+            alone.append((min(step_time(*with_option(p.options[j])) for j in js), k, js))
+    active, upd = [], {}
+    for _, k, js in sorted(alone):
+        t, j = min((step_time(*with_option(wus[k].options[j])), j) for j in js)
+        if t < now:
+            total, over = with_option(wus[k].options[j])
+            now = t
+            o = wus[k].options[j]
+            active.append((k, j))
+            upd[wus[k].param] = (o.axes, o.stage)
+    active.sort()
     return Decoded(axes_of, upd, active)
