@@ -3,8 +3,10 @@
 **Warm start.** A local search over the tables (``search.warm.greedy``: from the unsplit
 layout and from the data-parallel one, repeatedly give one dim the axis subset
 that lowers the predicted time most, evicting conflicting dims) gives a good
-layout; its columns are put in the symmetry-breaking order, it takes the WUS
-options that save time, and it is passed as a complete hint. If it fits the
+layout; its columns are put in the symmetry-breaking order, it takes the storage
+options that lower the step time priced together (``warm.with_best_wus``), and it is
+passed as a complete hint. Under a memory limit it is the fastest fitting layout the local
+search finds (``warm.greedy``). If it fits the
 memory limit its objective is an upper bound, and ``LayoutModel.prune`` fixes
 every assignment that alone would exceed it.
 
