@@ -219,6 +219,10 @@ def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
     (["predict", "mlp", "--batch", "many", *MESH], ["--batch", "many"]),
     (["predict", *MLP], ["--mesh"]),
     (["table1", "--batch", "0"], ["--batch"]),
+    (["predict", "mlp", "--batch", "-8", *MESH], ["--batch -8: a dimension size must be a positive integer",
+                                                  "give e.g. --batch 1024"]),
+    (["predict", "mlp", "--batch=0", *MESH], ["--batch 0: a dimension size must be a positive integer"]),
+    (["search", "transformer_lm", "--n-layers", "-2", *MESH], ["--n-layers -2", "give e.g. --n-layers 2"]),
     (["hardware", "--bogus"], ["unrecognized", "--bogus"]),
     (["frobnicate"], ["frobnicate"]),
     (["report", *MESH], ["MODEL"]),
@@ -244,6 +248,22 @@ def test_bad_config_files(tmp_path, capsys):
     wrong.write_text('{"model": "mlp", "depth": 3}')
     code, _, err = run(["predict", str(wrong), *MESH], capsys)
     assert_one_line_error(code, err, "has no parameter(s) ['depth']")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ('{"model": "mlp", "sizes": {"batch": "many"}}', ["sizes.batch is 'many' (str); expected an integer"]),
+    ('{"model": "mlp", "kwargs": {"d_io": 3.5}}', ["kwargs.d_io is 3.5 (float); expected an integer"]),
+    ('{"model": "mlp", "batch": -3}', ["batch is -3; a dimension size must be a positive integer (e.g. 1024)"]),
+    ('{"model": "mlp", "sizes": {"train": "yes"}}', ["sizes.train is 'yes' (str); expected true or false"]),
+    ('{"model": "mlp", "sizes": {"learning_rate": "fast"}}', ["sizes.learning_rate is 'fast'", "expected a number"]),
+    ('{"model": "mlp", "sizes": [64]}', ["'sizes' must be a mapping"]),
+], ids=["str-size", "float-size", "negative-size", "str-bool", "str-float", "sizes-list"])
+def test_config_values_are_checked_when_the_file_is_read(tmp_path, text, needles, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(text)
+    code, _, err = run(["predict", str(cfg), *MESH], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, f"config {cfg}:", *needles)
 
 
 def test_console_script_errors_without_traceback():
