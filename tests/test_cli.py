@@ -131,7 +131,7 @@ def test_report_writes_html(tmp_path, capsys):
 
 # ------------------------------------------------------------- calibrate, table1, hw
 def test_calibrate_writes_a_profile_predict_can_use(tmp_path, capsys):
-    profile = tmp_path / "profile.json"
+    profile = tmp_path / "new" / "profile.json"  # a missing folder is created
     data = run_json(["calibrate", *MESH, "--quick", "--out", str(profile)], capsys)
     assert profile.is_file() and data["peak_flops"]["float32"] > 0
     data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", str(profile)], capsys)
@@ -159,6 +159,54 @@ def test_demo_without_execution(tmp_path, capsys):
     assert code == 0
     assert "5. Search" in out and "skipped (--no-execute)" in out
     assert (tmp_path / "index.html").is_file()
+
+
+# ------------------------------------------------------------------------- --out
+def _refuse_work(monkeypatch):
+    """Stand in for the demo, the report and calibration: any work before --out is checked fails the test."""
+    import types
+
+    import autolayout.exec
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the command did its work before checking --out")
+
+    monkeypatch.setitem(sys.modules, "autolayout.demo", types.SimpleNamespace(run=ran))
+    monkeypatch.setattr(sys.modules["autolayout.report"], "report", ran)  # the package, not the function
+    monkeypatch.setattr(autolayout.exec, "calibrate", ran)
+    monkeypatch.setattr(cli, "_graph", ran)
+
+
+@pytest.mark.parametrize("command, where, needles", [
+    (["report", *MLP, *MESH, "--layouts", "batch:rows", "--no-execute", "--no-search"], "file",
+     ["is an existing file, not a directory", "give a directory path", "remove the file"]),
+    (["report", *MLP, *MESH, "--layouts", "batch:rows", "--no-execute", "--no-search"], "proc",
+     ["cannot create it or write in it", "give a directory you can write to"]),
+    (["report", *MLP, *MESH, "--layouts", "batch:rows"], "under-file",
+     ["cannot create it or write in it", "give a directory you can write to"]),
+    (["report", "--all"], "file", ["is an existing file, not a directory"]),
+    (["demo", "--no-calibrate", "--quiet"], "file", ["is an existing file, not a directory"]),
+    (["demo", "--no-calibrate", "--quiet"], "proc", ["cannot create it or write in it"]),
+    (["calibrate", "--quick"], "dir", ["is a directory: give a file path, e.g. --out"]),
+    (["calibrate", "--quick"], "proc", ["cannot write a file there", "give a path you can write to"]),
+])
+def test_out_is_checked_before_any_work(tmp_path, monkeypatch, command, where, needles, capsys):
+    (tmp_path / "afile").write_text("keep me")
+    out = {"file": tmp_path / "afile", "proc": "/proc/autolayout-test/rep", "under-file": tmp_path / "afile" / "rep",
+           "dir": tmp_path}[where]
+    _refuse_work(monkeypatch)
+    code, _, err = run([*command, "--out", str(out)], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, f"--out {out}", *needles)
+    assert (tmp_path / "afile").read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_out_check_leaves_no_trace(tmp_path, capsys):
+    """Checking a missing --out creates nothing when the command then fails (an illegal layout)."""
+    out = tmp_path / "a" / "b"
+    code, _, err = run(["report", *MLP, *MESH, "--layouts", "batch:rows;hidden:rows", "--no-execute", "--no-search",
+                        "--out", str(out), "--quiet"], capsys)
+    assert code == 2 and "illegal" in err and list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------- model sources
