@@ -271,6 +271,8 @@ def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
                                                   "give e.g. --batch 1024"]),
     (["predict", "mlp", "--batch=0", *MESH], ["--batch 0: a dimension size must be a positive integer"]),
     (["search", "transformer_lm", "--n-layers", "-2", *MESH], ["--n-layers -2", "give e.g. --n-layers 2"]),
+    (["predict", "mlp", *MESH, "--layout", "hidden:cols|*:rows@3"],
+     ["'*:rows@3' shards no parameter over mesh axis rows", "Fix: split the batch over rows"]),
     (["hardware", "--bogus"], ["unrecognized", "--bogus"]),
     (["frobnicate"], ["frobnicate"]),
     (["report", *MESH], ["MODEL"]),
