@@ -259,10 +259,18 @@ def _run_search(args: argparse.Namespace) -> int:
             raise ValueError(f"--verify {args.verify} runs layouts on a mesh: give --mesh (e.g. rows:2,cols:4) "
                              "instead of --num-devices")
         from autolayout.costmodel.devices import hardware_for_device
+        from autolayout.exec.verify import other_hardware
         devices = _execution_devices(args.mesh)
+        local = hardware_for_device(devices[0])
         if args.hardware_is_default:  # predictions for the devices that measure them
-            args.hardware = hardware_for_device(devices[0])
+            args.hardware = local
             label = f"hardware {args.hardware.name}: the local devices' profile (--verify; choose with --hardware)"
+        elif other_hardware(args.hardware, local):
+            raise ValueError(f"--verify {args.verify} runs the layouts on these {devices[0].platform} devices (built-in "
+                             f"profile {local.name}), but --hardware {args.hardware.name} is the built-in profile of "
+                             f"other hardware: the predictions would not be for the devices that measure them. Give "
+                             f"--hardware {local.name}, a profile measured here (autolayout calibrate --out "
+                             "profile.json; --hardware profile.json), or no --hardware")
     g = _graph(args)
     r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
                memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
@@ -428,9 +436,16 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 
 def _run_table1(args: argparse.Namespace) -> int:
-    from autolayout.reporting.table1 import table1
+    from autolayout.reporting.table1 import indivisible, table1
     from autolayout.reporting.fmt import text_table
 
+    option = {"b": "--batch", "d_io": "--d-io", "d_h": "--d-hidden", "n": "--n", "r": "--r", "c": "--c", "p": "--p"}
+    given = {"b": args.batch, "d_io": args.d_io, "d_h": args.d_hidden, "n": args.n, "r": args.r, "c": args.c,
+             "p": args.p}
+    for size, count, layout in indivisible(*given.values())[:1]:
+        raise ValueError(f"{option[count]} {given[count]} does not divide {option[size]} {given[size]}, which "
+                         f"Table 1's layout {layout!r} splits over it: give {option[count]} a value that divides "
+                         f"{given[size]}, or {option[size]} a multiple of {given[count]}")
     df = table1(args.batch, args.d_io, args.d_hidden, n=args.n, r=args.r, c=args.c, p=args.p, hardware=args.hardware)
     rows = [(r.layout, r.mesh, f"{r.comp_flops:.4g}", f"{r.comp_ratio:.3g}", f"{r.allreduced_values:.4g}",
              f"{r.paper_text:.4g}", f"{r.param_values:.4g}", f"{r.paper_memory:.4g}", f"{r.time_ms:.4g}")

@@ -262,11 +262,15 @@ def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
     (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "missing.json"], ["missing.json"]),
     (["search", *MLP, *MESH, "--memory-limit", "16 parsecs"], ["cannot read memory size '16 parsecs'"]),
     (["search", *MLP, *MESH, "--memory-limit", "1KiB"], ["memory_limit"]),
+    (["search", *MLP, *MESH, "--memory-limit=-5GiB"], ["--memory-limit", "must be positive, got '-5GiB'"]),
     (["search", *MLP], ["--mesh", "--num-devices"]),
     (["search", *MLP, *MESH, "--depth", "3"], ["unrecognized", "--depth"]),
     (["predict", "mlp", "--batch", "many", *MESH], ["--batch", "many"]),
     (["predict", *MLP], ["--mesh"]),
     (["table1", "--batch", "0"], ["--batch"]),
+    (["table1", "--n", "3"], ["--n 3 does not divide --batch 1024", "layout 'batch:all'",
+                              "give --n a value that divides 1024, or --batch a multiple of 3"]),
+    (["table1", "--d-io", "1000", "--p", "3"], ["--p 3 does not divide --d-io 1000", "io:planes"]),
     (["predict", "mlp", "--batch", "-8", *MESH], ["--batch -8: a dimension size must be a positive integer",
                                                   "give e.g. --batch 1024"]),
     (["predict", "mlp", "--batch=0", *MESH], ["--batch 0: a dimension size must be a positive integer"]),
@@ -449,7 +453,9 @@ def test_search_verify_json(capsys):
     (["--verify", "0"], ["--verify", "positive integer", "'0'"]),
     (["--verify", "-3"], ["--verify", "positive integer", "'-3'"]),
     (["--verify", "two"], ["--verify"]),
-    (["--verify", "2", "--hardware", "tpu-v4"], ["hardware='tpu-v4' is the built-in profile of other hardware"]),
+    (["--verify", "2", "--hardware", "tpu-v4"], ["--verify 2 runs the layouts on these cpu devices",
+                                                 "--hardware tpu-v4 is the built-in profile of other hardware",
+                                                 "Give --hardware cpu"]),
 ], ids=["zero", "negative", "not-a-number", "other-hardware"])
 def test_search_verify_bad_arguments(args, needles, capsys):
     code, _, err = run(["search", *SMALL, *MESH, *args], capsys)

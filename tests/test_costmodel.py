@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,19 @@ def test_compute_divides_by_the_split_factor(b, dio, dh, n, r, c, p):
     for row in df.itertuples():
         assert row.comp_flops == 6 * 2 * b * dio * dh / split[row.layout]
         assert row.comp_ratio == 12.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=3), "table1: n=3 does not divide b=64, which Table 1's layout 'batch:all' splits over it; give n a "
+                "value that divides 64, or b a multiple of 3"),
+    (dict(n=16, b=128), "table1: n=16 does not divide d_h=40, which Table 1's layout 'hidden:all'"),
+    (dict(c=3, d_h=64), "table1: c=3 does not divide d_h=64"),
+], ids=["n-batch", "n-hidden", "c-hidden"])
+def test_table1_sizes_the_mesh_does_not_divide(kwargs, message):
+    args = dict(b=64, d_io=32, d_h=40 if "b" in kwargs else 128) | kwargs
+    b, d_io, d_h = args.pop("b"), args.pop("d_io"), args.pop("d_h")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        table1(b, d_io, d_h, **args)
 
 
 def test_table1_beside_paper_text():
