@@ -10,15 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.models import MODELS
 from autolayout.reporting.model_spec import OneLineParser
+from autolayout.reporting.paths import check_out_dir, check_out_file
 from autolayout.version import __version__
 
 PROG = "autolayout"
@@ -159,65 +158,12 @@ def _execution_devices(mesh: Any) -> list:
     return devices
 
 
-def _try_writing_in(folder: Any) -> None:
-    """Create ``folder`` (and its missing parents) and a file in it, then remove all it created.
-
-    Raises:
-        OSError: ``folder`` cannot be created or written.
-    """
-    from pathlib import Path
-
-    folder = Path(folder)
-    created, p = [], folder
-    while not p.exists() and p != p.parent:
-        created.append(p)  # innermost first: the order to remove them in
-        p = p.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".autolayout-write-test-")
-        os.close(fd)
-        os.unlink(probe)
-    finally:
-        for d in created:
-            if d.is_dir():
-                d.rmdir()
-
-
-def _check_out_dir(out: str) -> None:
-    """``--out`` for a report directory: raise ValueError before any work if it cannot be written
-    (a missing directory is fine: it is created when the report is written)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is an existing file, not a directory: give a directory path for the report "
-                         "(it is created if missing), or remove the file")
-    try:
-        _try_writing_in(out)
-    except OSError as exc:
-        raise ValueError(f"--out {out}: cannot create it or write in it ({exc.strerror or exc}); give a directory "
-                         "you can write to (it is created if missing)") from exc
-
-
-def _check_out_file(out: str) -> None:
-    """``--out`` for a file: raise ValueError before any work if it cannot be written (its
-    missing parent folders are created when it is written)."""
-    if os.path.isdir(out):
-        raise ValueError(f"--out {out} is a directory: give a file path, e.g. --out {os.path.join(out, 'profile.json')}")
-    try:
-        if os.path.exists(out):
-            with open(out, "a"):  # opening to append changes nothing
-                pass
-        else:
-            _try_writing_in(os.path.dirname(out) or ".")
-    except OSError as exc:
-        raise ValueError(f"--out {out}: cannot write a file there ({exc.strerror or exc}); give a path you can "
-                         "write to") from exc
-
-
 # -------------------------------------------------------------------------- commands
 def _run_demo(args: argparse.Namespace) -> int:
     import importlib
 
     if args.out is not None and not args.no_report:
-        _check_out_dir(args.out)
+        check_out_dir(args.out)
     demo = importlib.import_module("autolayout.demo")  # through sys.modules, so tests can stand one in
     result = demo.run(out=None if args.no_report else args.out, report=not args.no_report, execute=not args.no_execute,
                       hardware=args.hardware, repeats=args.repeats, progress=not args.quiet,
@@ -363,7 +309,7 @@ def _run_execute(args: argparse.Namespace) -> int:
 
 def _run_report(args: argparse.Namespace) -> int:
     if args.out is not None:
-        _check_out_dir(args.out)
+        check_out_dir(args.out)
     if args.all:
         from autolayout.reporting import committed
         committed.generate_all(args.out or "reports", only=args.only, progress=not args.quiet)
@@ -397,7 +343,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from autolayout.exec import calibrate
 
     if args.out:
-        _check_out_file(args.out)
+        check_out_file(args.out)
     devices = _execution_devices(args.mesh)
     try:
         hw = calibrate(args.mesh, quick=args.quick, devices=devices)

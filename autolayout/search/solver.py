@@ -430,8 +430,8 @@ def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: 
     if not first:
         return NO_OTHER
     if state["bounded"]:
-        raise Dominated(f"no layout that fits memory_limit {int(memory_limit)} B takes at most "
-                        f"{state['upper_s']:.6g} s per step")
+        fits = f"that fits memory_limit {int(memory_limit)} B " if math.isfinite(memory_limit) else ""
+        raise Dominated(f"no layout {fits}takes at most {state['upper_s']:.6g} s per step")
     mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
     raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
 
