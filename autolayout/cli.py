@@ -17,6 +17,7 @@ from typing import Any
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.models import MODELS
 from autolayout.reporting.model_spec import OneLineParser
+from autolayout.reporting.paths import check_out_dir, check_out_file
 from autolayout.version import __version__
 
 PROG = "autolayout"
@@ -161,6 +162,8 @@ def _execution_devices(mesh: Any) -> list:
 def _run_demo(args: argparse.Namespace) -> int:
     import importlib
 
+    if args.out is not None and not args.no_report:
+        check_out_dir(args.out)
     demo = importlib.import_module("autolayout.demo")  # through sys.modules, so tests can stand one in
     result = demo.run(out=None if args.no_report else args.out, report=not args.no_report, execute=not args.no_execute,
                       hardware=args.hardware, repeats=args.repeats, progress=not args.quiet,
@@ -202,10 +205,18 @@ def _run_search(args: argparse.Namespace) -> int:
             raise ValueError(f"--verify {args.verify} runs layouts on a mesh: give --mesh (e.g. rows:2,cols:4) "
                              "instead of --num-devices")
         from autolayout.costmodel.devices import hardware_for_device
+        from autolayout.exec.verify import other_hardware
         devices = _execution_devices(args.mesh)
+        local = hardware_for_device(devices[0])
         if args.hardware_is_default:  # predictions for the devices that measure them
-            args.hardware = hardware_for_device(devices[0])
+            args.hardware = local
             label = f"hardware {args.hardware.name}: the local devices' profile (--verify; choose with --hardware)"
+        elif other_hardware(args.hardware, local):
+            raise ValueError(f"--verify {args.verify} runs the layouts on these {devices[0].platform} devices (built-in "
+                             f"profile {local.name}), but --hardware {args.hardware.name} is the built-in profile of "
+                             f"other hardware: the predictions would not be for the devices that measure them. Give "
+                             f"--hardware {local.name}, a profile measured here (autolayout calibrate --out "
+                             "profile.json; --hardware profile.json), or no --hardware")
     g = _graph(args)
     r = search(g, args.mesh, num_devices=args.num_devices, max_axes=args.max_axes, hardware=args.hardware,
                memory_limit=args.memory_limit, shard_weight_update=not args.no_weight_update_sharding,
@@ -297,6 +308,8 @@ def _run_execute(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        check_out_dir(args.out)
     if args.all:
         from autolayout.reporting import committed
         committed.generate_all(args.out or "reports", only=args.only, progress=not args.quiet)
@@ -325,8 +338,12 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from autolayout.exec import calibrate
 
+    if args.out:
+        check_out_file(args.out)
     devices = _execution_devices(args.mesh)
     try:
         hw = calibrate(args.mesh, quick=args.quick, devices=devices)
@@ -334,6 +351,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("calibration is not available in this installation (autolayout.exec.calibrate "
                          "is not implemented)") from exc
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         hw.save(args.out)
     return _emit(args, hw.to_dict(), _hardware_text(hw) + (f"\n\nwrote {args.out}; use it with --hardware {args.out}"
                                                            if args.out else ""))
@@ -364,9 +382,16 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 
 def _run_table1(args: argparse.Namespace) -> int:
-    from autolayout.reporting.table1 import table1
+    from autolayout.reporting.table1 import indivisible, table1
     from autolayout.reporting.fmt import text_table
 
+    option = {"b": "--batch", "d_io": "--d-io", "d_h": "--d-hidden", "n": "--n", "r": "--r", "c": "--c", "p": "--p"}
+    given = {"b": args.batch, "d_io": args.d_io, "d_h": args.d_hidden, "n": args.n, "r": args.r, "c": args.c,
+             "p": args.p}
+    for size, count, layout in indivisible(*given.values())[:1]:
+        raise ValueError(f"{option[count]} {given[count]} does not divide {option[size]} {given[size]}, which "
+                         f"Table 1's layout {layout!r} splits over it: give {option[count]} a value that divides "
+                         f"{given[size]}, or {option[size]} a multiple of {given[count]}")
     df = table1(args.batch, args.d_io, args.d_hidden, n=args.n, r=args.r, c=args.c, p=args.p, hardware=args.hardware)
     rows = [(r.layout, r.mesh, f"{r.comp_flops:.4g}", f"{r.comp_ratio:.3g}", f"{r.allreduced_values:.4g}",
              f"{r.paper_text:.4g}", f"{r.param_values:.4g}", f"{r.paper_memory:.4g}", f"{r.time_ms:.4g}")

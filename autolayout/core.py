@@ -106,7 +106,9 @@ class Layout:
 
     The key ``*`` applies an entry to every parameter not named otherwise (on the axes
     that parameter allows): ``"batch:data,fsdp;heads:tensor|*:fsdp@3"`` is MaxText's
-    FSDP over ``fsdp``.
+    FSDP over ``fsdp``. An axis of a ``*`` entry that no parameter allows (it splits no
+    dim a gradient is summed over) is an error, as it is for a named parameter: the
+    entry would change nothing.
 
     **Regions** (sequence parallelism, Korthikanti et al. 2022, "Reducing Activation
     Recomputation in Large Transformer Models"): a rule ``dim@norm:axes`` splits ``dim``

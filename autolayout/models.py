@@ -35,12 +35,24 @@ from autolayout.trace import named, trace
 from autolayout.train import init_opt_state, label_grads, train_step
 
 __all__ = ["mlp", "transformer_lm", "moe", "llama", "LLAMA_PRESETS", "default_sizes",
-           "example_args", "MODELS"]
+           "example_args", "invalid_sizes", "MODELS"]
 
 
 def _sds(shape: tuple, dtype: Any) -> Any:
     import jax
     return jax.ShapeDtypeStruct(tuple(int(s) for s in shape), dtype)
+
+
+def _is_size(value: Any) -> bool:
+    """A dimension size: a positive integer (bools are not sizes)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value > 0
+
+
+def _check_sizes(model: str, given: Mapping[str, Any]) -> None:
+    """Raise ValueError naming ``model``'s first size parameter in ``given`` that is not a positive integer."""
+    for name, value in invalid_sizes(model, given):
+        raise ValueError(f"{model}: {name}={value!r} is not a dimension size; give a positive integer, "
+                         f"e.g. {name}={default_sizes(model)[name]}")
 
 
 def _dtypes(param_dtype: Any, compute_dtype: Any) -> tuple[Any, Any]:
@@ -84,6 +96,7 @@ def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = 
         g = mlp(batch=64, d_io=32, d_hidden=128)
         g.dims  # {'batch': 64, 'io': 32, 'hidden': 128}
     """
+    _check_sizes("mlp", locals())
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
@@ -208,6 +221,7 @@ def transformer_lm(*, d_model: int = 64, d_ff: int = 256, heads: int = 4, d_kv: 
         g = transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2,
                            vocab=128, batch=8, length=16, compute_dtype="bfloat16")
     """
+    _check_sizes("transformer_lm", locals())
     import jax
     import jax.numpy as jnp
 
@@ -343,6 +357,7 @@ def llama(*, d_model: int = 64, heads: int = 8, kv_heads: int = 4, d_kv: int = 1
     Raises:
         ValueError: ``heads`` is not a multiple of ``kv_heads``, or ``d_kv`` is odd.
     """
+    _check_sizes("llama", locals())
     import jax
     import jax.numpy as jnp
 
@@ -422,6 +437,7 @@ def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int =
     ``MoeBlock`` computes its gate softmax in float32; a bfloat16 count is exact only
     up to 256 tokens); dispatch, experts and combine run in ``compute_dtype``.
     """
+    _check_sizes("moe", locals())
     import jax
     import jax.numpy as jnp
 
@@ -490,6 +506,19 @@ def default_sizes(model: str) -> dict[str, int]:
         raise KeyError(f"unknown zoo model {model!r}; choose one of {sorted(MODELS)}")
     params = inspect.signature(MODELS[model]).parameters.values()
     return {p.name: p.default for p in params if type(p.default) is int}
+
+
+def invalid_sizes(model: str, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of each size parameter of zoo model ``model`` (an integer keyword of
+    :func:`default_sizes`) in ``values`` that is not a positive integer — the one rule the zoo
+    functions and the command line's ``--batch``/config checks share.
+
+    Example::
+
+        invalid_sizes("mlp", {"batch": -8, "d_io": 32})  # [('batch', -8)]
+    """
+    sizes = default_sizes(model)
+    return [(k, v) for k, v in values.items() if k in sizes and not _is_size(v)]
 
 
 def example_args(graph: Graph, seed: int = 0) -> tuple:

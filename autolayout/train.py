@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["train_step", "init_opt_state", "OPTIMIZERS"]
+__all__ = ["train_step", "init_opt_state", "OptimizerStateError", "OPTIMIZERS"]
 
 OPTIMIZERS = ("sgd", "adam")
 
 # Adam defaults from Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1.
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+class OptimizerStateError(ValueError):
+    """The ``opt_state`` given to a :func:`train_step` step is not the one its optimizer keeps."""
 
 
 def init_opt_state(optimizer: str, params: Any) -> Any:
@@ -55,6 +59,7 @@ def train_step(loss_fn: Callable[[Any, Any], Any], optimizer: str = "sgd",
         if optimizer == "sgd":
             new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g.astype(p.dtype), params, grads)
             return new, opt_state, loss
+        _check_adam_state(opt_state, params)
         count = opt_state["count"] + 1
         t = count.astype(jnp.float32)
         mu = jax.tree_util.tree_map(lambda m, g: ADAM_B1 * m + (1 - ADAM_B1) * g.astype(jnp.float32),
@@ -86,6 +91,28 @@ def label_grads(grads: Any) -> Any:
 
     return jax.tree_util.tree_map_with_path(lambda path, g: named(g, name="grad/" + _path_str(path)),
                                             grads)
+
+
+def _check_adam_state(opt_state: Any, params: Any) -> None:
+    """Adam's state must be ``{"mu": <params' tree>, "nu": <params' tree>, "count": scalar}``."""
+    import jax
+
+    fix = 'make it with autolayout.init_opt_state("adam", params)'
+    if not isinstance(opt_state, dict) or set(opt_state) != {"mu", "nu", "count"}:
+        got = (f"a dict with keys {sorted(map(str, opt_state))}" if isinstance(opt_state, dict)
+               else "() (SGD's state)" if isinstance(opt_state, tuple) and not opt_state else type(opt_state).__name__)
+        raise OptimizerStateError(f'train_step(..., "adam"): opt_state is {got}; Adam\'s state is '
+                                  f'{{"mu": <like params>, "nu": <like params>, "count": int32 scalar}}: {fix}')
+    want = jax.tree_util.tree_structure(params)
+    for key in ("mu", "nu"):
+        got = jax.tree_util.tree_structure(opt_state[key])
+        if got != want:
+            raise OptimizerStateError(f'train_step(..., "adam"): opt_state["{key}"] has structure {got}, not the '
+                                      f"parameters' {want}; {fix}")
+    if getattr(opt_state["count"], "shape", None) != ():
+        raise OptimizerStateError(f'train_step(..., "adam"): opt_state["count"] must be a scalar step count, got '
+                                  f"{type(opt_state['count']).__name__} of shape "
+                                  f"{getattr(opt_state['count'], 'shape', None)}; {fix}")
 
 
 def _check(optimizer: str) -> None:

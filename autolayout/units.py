@@ -38,7 +38,8 @@ def parse_bytes(text: Any) -> float:
         s = str(text).strip()
         if s.lower() in ("inf", "infinity", "none", "unlimited"):
             return math.inf
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", s)
+        # a sign is read so that '-5GiB' is "must be positive", not "cannot read"
+        m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", s)
         unit = m.group(2).lower() if m else None
         if not m or unit not in _UNITS:
             raise SizeError(
@@ -46,5 +47,5 @@ def parse_bytes(text: Any) -> float:
                 "B, KB, MB, GB, TB (powers of 10) or KiB, MiB, GiB, TiB (powers of 2), e.g. '16GiB'")
         value = float(m.group(1)) * _UNITS[unit]
     if not value > 0:
-        raise SizeError(f"memory size must be positive, got {text!r}")
+        raise SizeError(f"memory size must be positive, got {text!r}; give bytes per device, e.g. '16GiB'")
     return value

@@ -300,7 +300,7 @@ def test_fit_step_profile_keeps_in_process_links():
                          link=Link(bw, alpha, IN_PROCESS), op_overhead_s=overhead)
     g = models.mlp(batch=64, d_io=32, d_hidden=128)
     lays = ["", "batch:rows,cols", "hidden:cols;batch:rows", "io:rows,cols", "hidden:cols;batch:rows|*:rows",
-            "batch:cols|*:rows"]
+            "batch:cols|*:cols"]
     fit = fit_step_profile(base, [StepSample(g, MESH, lay, predict(g, MESH, lay, hardware=truth).time_s)
                                   for lay in lays])
     assert fit.link.topology == IN_PROCESS and fit.hardware.link.topology == IN_PROCESS

@@ -131,7 +131,7 @@ def test_report_writes_html(tmp_path, capsys):
 
 # ------------------------------------------------------------- calibrate, table1, hw
 def test_calibrate_writes_a_profile_predict_can_use(tmp_path, capsys):
-    profile = tmp_path / "profile.json"
+    profile = tmp_path / "new" / "profile.json"  # a missing folder is created
     data = run_json(["calibrate", *MESH, "--quick", "--out", str(profile)], capsys)
     assert profile.is_file() and data["peak_flops"]["float32"] > 0
     data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", str(profile)], capsys)
@@ -159,6 +159,54 @@ def test_demo_without_execution(tmp_path, capsys):
     assert code == 0
     assert "5. Search" in out and "skipped (--no-execute)" in out
     assert (tmp_path / "index.html").is_file()
+
+
+# ------------------------------------------------------------------------- --out
+def _refuse_work(monkeypatch):
+    """Stand in for the demo, the report and calibration: any work before --out is checked fails the test."""
+    import types
+
+    import autolayout.exec
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the command did its work before checking --out")
+
+    monkeypatch.setitem(sys.modules, "autolayout.demo", types.SimpleNamespace(run=ran))
+    monkeypatch.setattr(sys.modules["autolayout.report"], "report", ran)  # the package, not the function
+    monkeypatch.setattr(autolayout.exec, "calibrate", ran)
+    monkeypatch.setattr(cli, "_graph", ran)
+
+
+@pytest.mark.parametrize("command, where, needles", [
+    (["report", *MLP, *MESH, "--layouts", "batch:rows", "--no-execute", "--no-search"], "file",
+     ["is an existing file, not a directory", "give a directory path", "remove the file"]),
+    (["report", *MLP, *MESH, "--layouts", "batch:rows", "--no-execute", "--no-search"], "proc",
+     ["cannot create it or write in it", "give a directory you can write to"]),
+    (["report", *MLP, *MESH, "--layouts", "batch:rows"], "under-file",
+     ["cannot create it or write in it", "give a directory you can write to"]),
+    (["report", "--all"], "file", ["is an existing file, not a directory"]),
+    (["demo", "--no-calibrate", "--quiet"], "file", ["is an existing file, not a directory"]),
+    (["demo", "--no-calibrate", "--quiet"], "proc", ["cannot create it or write in it"]),
+    (["calibrate", "--quick"], "dir", ["is a directory: give a file path, e.g. --out"]),
+    (["calibrate", "--quick"], "proc", ["cannot write a file there", "give a path you can write to"]),
+])
+def test_out_is_checked_before_any_work(tmp_path, monkeypatch, command, where, needles, capsys):
+    (tmp_path / "afile").write_text("keep me")
+    out = {"file": tmp_path / "afile", "proc": "/proc/autolayout-test/rep", "under-file": tmp_path / "afile" / "rep",
+           "dir": tmp_path}[where]
+    _refuse_work(monkeypatch)
+    code, _, err = run([*command, "--out", str(out)], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, f"--out {out}", *needles)
+    assert (tmp_path / "afile").read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_out_check_leaves_no_trace(tmp_path, capsys):
+    """Checking a missing --out creates nothing when the command then fails (an illegal layout)."""
+    out = tmp_path / "a" / "b"
+    code, _, err = run(["report", *MLP, *MESH, "--layouts", "batch:rows;hidden:rows", "--no-execute", "--no-search",
+                        "--out", str(out), "--quiet"], capsys)
+    assert code == 2 and "illegal" in err and list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------- model sources
@@ -214,11 +262,21 @@ def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
     (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "missing.json"], ["missing.json"]),
     (["search", *MLP, *MESH, "--memory-limit", "16 parsecs"], ["cannot read memory size '16 parsecs'"]),
     (["search", *MLP, *MESH, "--memory-limit", "1KiB"], ["memory_limit"]),
+    (["search", *MLP, *MESH, "--memory-limit=-5GiB"], ["--memory-limit", "must be positive, got '-5GiB'"]),
     (["search", *MLP], ["--mesh", "--num-devices"]),
     (["search", *MLP, *MESH, "--depth", "3"], ["unrecognized", "--depth"]),
     (["predict", "mlp", "--batch", "many", *MESH], ["--batch", "many"]),
     (["predict", *MLP], ["--mesh"]),
     (["table1", "--batch", "0"], ["--batch"]),
+    (["table1", "--n", "3"], ["--n 3 does not divide --batch 1024", "layout 'batch:all'",
+                              "give --n a value that divides 1024, or --batch a multiple of 3"]),
+    (["table1", "--d-io", "1000", "--p", "3"], ["--p 3 does not divide --d-io 1000", "io:planes"]),
+    (["predict", "mlp", "--batch", "-8", *MESH], ["--batch -8: a dimension size must be a positive integer",
+                                                  "give e.g. --batch 1024"]),
+    (["predict", "mlp", "--batch=0", *MESH], ["--batch 0: a dimension size must be a positive integer"]),
+    (["search", "transformer_lm", "--n-layers", "-2", *MESH], ["--n-layers -2", "give e.g. --n-layers 2"]),
+    (["predict", "mlp", *MESH, "--layout", "hidden:cols|*:rows@3"],
+     ["'*:rows@3' shards no parameter over mesh axis rows", "Fix: split the batch over rows"]),
     (["hardware", "--bogus"], ["unrecognized", "--bogus"]),
     (["frobnicate"], ["frobnicate"]),
     (["report", *MESH], ["MODEL"]),
@@ -244,6 +302,22 @@ def test_bad_config_files(tmp_path, capsys):
     wrong.write_text('{"model": "mlp", "depth": 3}')
     code, _, err = run(["predict", str(wrong), *MESH], capsys)
     assert_one_line_error(code, err, "has no parameter(s) ['depth']")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ('{"model": "mlp", "sizes": {"batch": "many"}}', ["sizes.batch is 'many' (str); expected an integer"]),
+    ('{"model": "mlp", "kwargs": {"d_io": 3.5}}', ["kwargs.d_io is 3.5 (float); expected an integer"]),
+    ('{"model": "mlp", "batch": -3}', ["batch is -3; a dimension size must be a positive integer (e.g. 1024)"]),
+    ('{"model": "mlp", "sizes": {"train": "yes"}}', ["sizes.train is 'yes' (str); expected true or false"]),
+    ('{"model": "mlp", "sizes": {"learning_rate": "fast"}}', ["sizes.learning_rate is 'fast'", "expected a number"]),
+    ('{"model": "mlp", "sizes": [64]}', ["'sizes' must be a mapping"]),
+], ids=["str-size", "float-size", "negative-size", "str-bool", "str-float", "sizes-list"])
+def test_config_values_are_checked_when_the_file_is_read(tmp_path, text, needles, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(text)
+    code, _, err = run(["predict", str(cfg), *MESH], capsys)
+    assert code == 2
+    assert_one_line_error(code, err, f"config {cfg}:", *needles)
 
 
 def test_console_script_errors_without_traceback():
@@ -379,7 +453,9 @@ def test_search_verify_json(capsys):
     (["--verify", "0"], ["--verify", "positive integer", "'0'"]),
     (["--verify", "-3"], ["--verify", "positive integer", "'-3'"]),
     (["--verify", "two"], ["--verify"]),
-    (["--verify", "2", "--hardware", "tpu-v4"], ["hardware='tpu-v4' is the built-in profile of other hardware"]),
+    (["--verify", "2", "--hardware", "tpu-v4"], ["--verify 2 runs the layouts on these cpu devices",
+                                                 "--hardware tpu-v4 is the built-in profile of other hardware",
+                                                 "Give --hardware cpu"]),
 ], ids=["zero", "negative", "not-a-number", "other-hardware"])
 def test_search_verify_bad_arguments(args, needles, capsys):
     code, _, err = run(["search", *SMALL, *MESH, *args], capsys)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,19 @@ def test_compute_divides_by_the_split_factor(b, dio, dh, n, r, c, p):
     for row in df.itertuples():
         assert row.comp_flops == 6 * 2 * b * dio * dh / split[row.layout]
         assert row.comp_ratio == 12.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=3), "table1: n=3 does not divide b=64, which Table 1's layout 'batch:all' splits over it; give n a "
+                "value that divides 64, or b a multiple of 3"),
+    (dict(n=16, b=128), "table1: n=16 does not divide d_h=40, which Table 1's layout 'hidden:all'"),
+    (dict(c=3, d_h=64), "table1: c=3 does not divide d_h=64"),
+], ids=["n-batch", "n-hidden", "c-hidden"])
+def test_table1_sizes_the_mesh_does_not_divide(kwargs, message):
+    args = dict(b=64, d_io=32, d_h=40 if "b" in kwargs else 128) | kwargs
+    b, d_io, d_h = args.pop("b"), args.pop("d_io"), args.pop("d_h")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        table1(b, d_io, d_h, **args)
 
 
 def test_table1_beside_paper_text():
@@ -270,6 +284,38 @@ def test_weight_update_sharding_errors():
         predict(g, "all:8", "vocab:all|softmax:all")
     with pytest.raises(LayoutError, match=r"not_a_param"):
         predict(g, "all:8", "batch:all|not_a_param:all")
+
+
+@pytest.mark.parametrize("layout, needles", [
+    ("hidden:cols|*:rows@3", ["'*:rows@3' shards no parameter over mesh axis rows", "splits no dim its gradient is "
+                              "summed over", "Fix: split the batch over rows (e.g. 'batch:rows'), or drop it"]),
+    ("batch:rows|*:rows,cols@3", ["'*:rows,cols@3' shards no parameter over mesh axis cols",
+                                  "or drop cols from it ('*:rows@3')"]),
+    ("hidden:cols;batch:rows|*:rows,cols", ["'*:rows,cols' shards no parameter over mesh axis cols",
+                                            "(or splits the parameter itself)"]),  # every mlp param has hidden
+    ("batch:rows|*:rows@3;w:rows;v:rows;bias:rows", ["'*:rows@3' applies to no parameter", "drop the entry"]),
+], ids=["axis-reduces-no-gradient", "one-axis-of-two", "params-split-there", "all-params-named"])
+def test_a_star_storage_entry_that_shards_nothing_is_an_error(layout, needles):
+    """A ``*`` entry that would change nothing is refused, as the same entry naming a parameter is."""
+    g = models.mlp(64, 32, 128)
+    with pytest.raises(LayoutError) as info:
+        predict(g, "rows:2,cols:4", layout)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    with pytest.raises(LayoutError, match=r"'w'.*not all-reduced over rows"):  # the same request by name
+        predict(g, "rows:2,cols:4", "hidden:cols|w:rows@3")
+    with pytest.raises(LayoutError, match=r"'\*:rows@3' shards no parameter: the graph records no gradient"):
+        predict(models.mlp(64, 32, 128, train=False), "rows:2,cols:4", "batch:rows|*:rows@3")
+
+
+def test_a_star_storage_entry_on_a_batch_axis_shards_every_parameter():
+    """The valid ``*`` entries still apply: ZeRO-3 over the batch axes stores each of the mlp's
+    parameters (and its gradient) split 8 ways: 3 * 4 bytes * (32*128 + 128 + 128*32) * 7/8 less."""
+    g = models.mlp(64, 32, 128)
+    plain = predict(g, "rows:2,cols:4", "batch:rows,cols")
+    zero3 = predict(g, "rows:2,cols:4", "batch:rows,cols|*:rows,cols@3")
+    assert plain.memory["params"] - zero3.memory["params"] == 4 * (32 * 128 + 128 + 128 * 32) * 7 // 8
+    assert {c.kind for c in zero3.collectives} >= {"reduce-scatter", "all-gather"}
 
 
 ZOO = {

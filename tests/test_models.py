@@ -206,6 +206,34 @@ def test_unknown_optimizer_is_rejected():
         train_step(lambda p, b: 0.0, "lamb")
 
 
+@pytest.mark.parametrize("state, needle", [
+    ((), r"opt_state is \(\) \(SGD's state\)"),
+    ({"mu": {"w": 0.0}}, r"opt_state is a dict with keys \['mu'\]"),
+    ({"mu": {"v": 0.0}, "nu": {"v": 0.0}, "count": 0}, r'opt_state\["mu"\] has structure'),
+], ids=["sgd-state", "missing-keys", "other-params"])
+def test_adam_step_with_a_state_not_made_by_init_opt_state(state, needle):
+    params = {"w": jax.ShapeDtypeStruct((16, 64), jnp.float32)}
+    batch = {"x": jax.ShapeDtypeStruct((32, 16), jnp.float32)}
+    step = train_step(lambda p, b: jnp.mean(b["x"] @ p["w"]), "adam", 0.1)
+    with pytest.raises(ValueError, match=needle + r'.*init_opt_state\("adam", params\)') as info:
+        trace(step, params, state, batch, dims=({"w": "io hidden"}, None, {"x": "batch io"}),
+              roles=("param", "opt_state", "input"))
+    assert type(info.value).__name__ == "OptimizerStateError"
+    # the state init_opt_state makes is accepted
+    g = trace(step, params, init_opt_state("adam", params), batch, dims=({"w": "io hidden"}, None, {"x": "batch io"}),
+              roles=("param", "opt_state", "input"))
+    assert g.dims["hidden"] == 64
+
+
+@pytest.mark.parametrize("model, size, value", [("mlp", "batch", -8), ("mlp", "batch", 0),
+                                                ("transformer_lm", "n_layers", 0), ("moe", "experts", 2.5),
+                                                ("llama", "heads", True)])
+def test_zoo_sizes_must_be_positive_integers(model, size, value):
+    with pytest.raises(ValueError, match=rf"{model}: {size}={value!r} is not a dimension size; give a positive "
+                                         rf"integer, e.g. {size}=\d+"):
+        models.MODELS[model](**{size: value})
+
+
 # --------------------------------------------------------------------------- llama
 def reference_llama(params, tokens, *, heads, kv_heads, d_kv, rope_theta=10000.0, norm_eps=1e-5, **_):
     """LLaMA's forward pass written out as Meta's reference ``llama/model.py`` does it —

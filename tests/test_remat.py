@@ -117,6 +117,47 @@ def test_a_policy_whose_activations_cannot_fit_is_ruled_out_before_its_tables(mo
     assert built and all("remat=" in name for name in built), built
 
 
+def test_a_policy_proven_no_faster_has_a_note_that_says_why():
+    """Each way the solver proves a remat policy out (its step-time bound is above the best time
+    so far; no layout under that time fits) says so: the search's note is never empty."""
+    import time
+
+    from autolayout.costmodel.profiles import get_hardware
+    from autolayout.search import api
+    from autolayout.search.errors import Dominated
+    from autolayout.core import Mesh
+
+    g, mesh, hw = graph(False), Mesh.parse("all:2"), get_hardware("tpu-v4")
+    priced = _priced(g, "all:2", "tpu-v4")
+    fastest = min(t for t, _, _ in priced)
+    never = min(m for _, m, lay in priced if not lay.remat)  # the smallest peak without remat
+    cases = [(math.inf, fastest / 2, r"no layout takes at most [\d.e-]+ s per step \(the cost model's lower bound"),
+             (never - 1, 1.0, r"no layout (fits: at least \d+ B per device|that fits memory_limit \d+ B takes at "
+                              r"most 1 s per step)")]
+    for limit, upper_s, message in cases:
+        with pytest.raises(Dominated, match=message):
+            api._search_one(g, mesh, hw, limit, "none", False, False, 60.0, 1, 0, time.perf_counter(), upper_s)
+
+
+def test_the_search_note_of_a_dominated_policy_is_never_empty(monkeypatch):
+    """A Dominated raised without a message still gives a note that says what was proven
+    (it read 'remat=none:  (proven)')."""
+    from autolayout.search import api
+    from autolayout.search.errors import Dominated
+
+    real = api._search_one
+
+    def one(graph_, mesh, hw, limit, policy, *args, **kwargs):
+        if policy == "none":
+            raise Dominated()
+        return real(graph_, mesh, hw, limit, policy, *args, **kwargs)
+
+    monkeypatch.setattr(api, "_search_one", one)
+    r = search(graph(False), "all:2", hardware="tpu-v4", shard_weight_update=False)
+    note = next(n for n in r.notes if n.startswith("remat=none:"))
+    assert re.fullmatch(r"remat=none: no layout that fits is faster than [\d.e-]+ s \(proven\)", note), note
+
+
 # ------------------------------------------------------------------ execution
 @pytest.mark.parametrize("layout", [
     "batch:rows;heads:cols;d_ff:cols;length@norm:cols",  # Megatron-SP

@@ -194,8 +194,11 @@ def test_parse_bytes():
     assert parse_bytes("16GiB") == 16 * 2**30
     assert parse_bytes("16 GB") == 16e9 and parse_bytes("512mib") == 512 * 2**20
     assert parse_bytes("1.5e9") == 1.5e9 and parse_bytes(1024) == 1024 and math.isinf(parse_bytes("inf"))
-    for bad in ("16 parsecs", "", "GiB", "-1GiB", "0"):
-        with pytest.raises(SizeError):
+    for bad in ("16 parsecs", "", "GiB", "--1GiB"):
+        with pytest.raises(SizeError, match=f"cannot read memory size {bad!r}: expected a number"):
+            parse_bytes(bad)
+    for bad in ("-1GiB", "-5 GB", "0", "-0.5e9", -3):
+        with pytest.raises(SizeError, match=f"memory size must be positive, got {bad!r}; give bytes per device"):
             parse_bytes(bad)
 
 

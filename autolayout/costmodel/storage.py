@@ -179,7 +179,42 @@ def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[st
         shard = _shard(graph, mesh, layout, axes_of, pname, axes, stage, explicit, notes, regions)
         if shard is not None:
             out[pname] = shard
+    if star:
+        covered = [p for p in params if p not in named]
+        _check_star_applies(layout, star, covered, [out[p] for p in covered if p in out], notes)
     return out, notes
+
+
+def _check_star_applies(layout: Layout, star: tuple[tuple[str, ...], int], covered: Sequence[str],
+                        shards: Sequence[StorageShard], notes: Sequence[str]) -> None:
+    """A ``*`` storage entry must shard some parameter over each of its axes: one that shards
+    none (the axis splits no dim any gradient is summed over) would change nothing while the
+    layout reads as ZeRO over it, so it is an error, as a named parameter's entry is. ``covered``:
+    the parameters the entry is for (those without their own entry); ``shards``: theirs."""
+    axes, stage = star
+    unused = [a for a in axes if not any(a in s.axes for s in shards)]
+    if not unused:
+        return
+    entry = f"*:{','.join(axes)}" + (f"@{stage}" if stage != 1 else "")
+    others = [a for a in axes if a not in unused]
+    fix = (f"drop {','.join(unused)} from it ('*:{','.join(others)}" + (f"@{stage}" if stage != 1 else "") + "')"
+           if others else "drop it")
+    why = [n.removeprefix("'*' storage entry: ") for n in notes
+           if n.startswith("'*' storage entry:") and "is not summed over" not in n]
+    if not covered:
+        raise LayoutError(f"layout {str(layout)!r}: the storage entry {entry!r} applies to no parameter: every "
+                          "parameter has its own storage entry. Fix: drop the entry.")
+    if sum("has no recorded gradient" in n for n in why) == len(covered):
+        raise LayoutError(
+            f"layout {str(layout)!r}: the storage entry {entry!r} shards no parameter: the graph records no "
+            "gradient for any parameter (graph.param_roles), so there is no update to shard. Fix: trace a training "
+            "step (autolayout.train_step or an optax update) whose new parameters are outputs, or drop the entry.")
+    raise LayoutError(
+        f"layout {str(layout)!r}: the storage entry {entry!r} shards no parameter over mesh axis "
+        f"{','.join(unused)}: for every parameter the axis splits no dim its gradient is summed over (or splits "
+        f"the parameter itself), so there is no all-reduce to turn into a reduce-scatter"
+        + (f" ({'; '.join(why)})" if why else "")
+        + f". Fix: split the batch over {unused[0]} (e.g. 'batch:{unused[0]}'), or {fix}.")
 
 
 def storage_shard(graph: Graph, mesh: Mesh, axes_of: Mapping[str, tuple[str, ...]], pname: str,

@@ -30,7 +30,7 @@ from autolayout.graph import Graph
 from autolayout.search import api
 from autolayout.search.api import SearchResult, Verified
 
-__all__ = ["VerifyError", "measure", "search", "verify"]
+__all__ = ["VerifyError", "measure", "search", "verify", "other_hardware"]
 
 # The failures of one layout's run that verify records in its row (and goes on with the
 # others): bad or unsupported layouts (ValueError, NotImplementedError, LoweringError) and
@@ -205,6 +205,12 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
 _verify = verify  # search's keyword `verify` shadows the function inside it
 
 
+def other_hardware(hardware: Any, local: Any) -> bool:
+    """Whether profile ``hardware`` is the built-in profile of hardware other than ``local`` (the
+    profile of the devices that would measure): its predictions could not be verified here."""
+    return hardware.name in PROFILES and hardware.name != local.name
+
+
 def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, max_axes: int = 3,
            hardware: Any = DEFAULT_HARDWARE, memory_limit: float | str | None = None, shard_weight_update: bool = True,
            time_limit_s: float = 60, num_workers: int = 2, random_seed: int = 0, regions: bool = True,
@@ -241,7 +247,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
                           f"not num_devices={num_devices}; give one of them")
     devs = _devices(devices)
     hw, local = get_hardware(hardware), hardware_for_device(devs[0])
-    if hw.name in PROFILES and hw.name != local.name:
+    if other_hardware(hw, local):
         raise VerifyError(f"verify={k} runs the layouts on these {devs[0].platform} devices (built-in profile "
                           f"{local.name!r}), but hardware={hw.name!r} is the built-in profile of other hardware: the "
                           f"predictions would not be for the devices that measure them. Pass "

@@ -4,6 +4,7 @@
 * :mod:`~autolayout.reporting.progress` — a tiny progress bar for long steps;
 * :mod:`~autolayout.reporting.model_spec` — ``MODEL`` arguments of the command line
   (zoo names with size options, JSON/YAML configs, ``package.module:function``);
+* :mod:`~autolayout.reporting.paths` — ``--out`` paths checked before any work;
 * :mod:`~autolayout.reporting.devices` — 8 virtual CPU devices before jax starts, which
   devices run a mesh, a calibrated profile with a plausibility check;
 * :mod:`~autolayout.reporting.plots` — the matplotlib charts of a report;

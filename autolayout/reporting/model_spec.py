@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from autolayout.models import MODELS, default_sizes
+from autolayout.models import MODELS, default_sizes, invalid_sizes
 
 __all__ = ["ZOO_DEFAULTS", "ModelError", "ModelSpec", "OneLineParser", "model_options_help", "resolve_model"]
 
@@ -146,6 +146,50 @@ def model_options_help(fn: Callable[..., Any], defaults: dict[str, Any] | None =
     return " ".join(parts)
 
 
+def _zoo_name(fn: Callable[..., Any]) -> str | None:
+    return next((name for name, f in MODELS.items() if f is fn), None)
+
+
+def _config_values(path: Path, data: dict[str, Any], fn: Callable[..., Any]) -> dict[str, tuple[str, Any]]:
+    """The config's keyword arguments as ``{name: (key as written, value)}``, each checked against
+    ``fn``'s signature: an ``int`` parameter takes an integer (a zoo size a positive one), a ``float``
+    a number, a ``bool`` true/false, a ``str`` a string."""
+    values: dict[str, tuple[str, Any]] = {}
+    for section in ("sizes", "kwargs"):
+        block = data.get(section) or {}
+        if not isinstance(block, dict):
+            raise ModelError(f"config {path}: '{section}' must be a mapping of parameter to value, e.g. "
+                             f'{{"{section}": {{"batch": 64}}}}, not {type(block).__name__}')
+        values.update({k: (f"{section}.{k}", v) for k, v in block.items()})
+    values.update({k: (k, v) for k, v in data.items() if k not in ("model", "sizes", "kwargs")})
+    params = {p.name: p for p in _params(fn)}
+    expected = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+                "str": ((str,), "a string")}
+    for name, (key, value) in values.items():
+        if name not in params:
+            continue
+        types, what = expected.get(_kind(params[name]), ((object,), ""))
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ModelError(f"config {path}: {key} is {value!r} ({type(value).__name__}); expected {what}, "
+                             "fix the value in the file")
+    zoo = _zoo_name(fn)
+    if zoo is not None:
+        for name, value in invalid_sizes(zoo, {k: v for k, (_, v) in values.items()}):
+            raise ModelError(f"config {path}: {values[name][0]} is {value!r}; a dimension size must be a positive "
+                             f"integer (e.g. {default_sizes(zoo)[name]}), fix the value in the file")
+    return values
+
+
+def _check_sizes(spec: ModelSpec, given: dict[str, Any]) -> None:
+    """A zoo model's size options given on the command line must be positive integers."""
+    zoo = _zoo_name(spec.fn)
+    if zoo is None:
+        return
+    for name, value in invalid_sizes(zoo, given):
+        raise ModelError(f"{_option(name)} {value!r}: a dimension size must be a positive integer; give e.g. "
+                         f"{_option(name)} {default_sizes(zoo)[name]}")
+
+
 def _check_required(spec: ModelSpec) -> None:
     missing = [p.name for p in _params(spec.fn)
                if p.default is inspect.Parameter.empty and p.name not in spec.kwargs]
@@ -220,9 +264,7 @@ def resolve_model(model: str) -> ModelSpec:
             raise ModelError(f"config file {model!r} does not exist")
         data = _load_config(path)
         inner = resolve_model(str(data["model"]))
-        sizes = dict(data.get("sizes") or {})
-        sizes.update(data.get("kwargs") or {})
-        sizes.update({k: v for k, v in data.items() if k not in ("model", "sizes", "kwargs")})
+        sizes = {k: v for k, (_, v) in _config_values(path, data, inner.fn).items()}
         known = {p.name for p in _params(inner.fn)}
         unknown = sorted(set(sizes) - known)
         if unknown and known:
@@ -247,6 +289,8 @@ def apply_options(spec: ModelSpec, extra: list[str], prog: str = "autolayout") -
     if rest:
         known = " ".join(_option(p.name) for p in _params(spec.fn)) or "(none)"
         raise ModelError(f"unrecognized argument(s) {' '.join(rest)} for {spec.label}; its options: {known}")
-    spec.kwargs.update({k: v for k, v in vars(ns).items() if v is not None})
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    _check_sizes(spec, given)
+    spec.kwargs.update(given)
     _check_required(spec)
     return spec

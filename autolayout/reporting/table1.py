@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["table1", "TABLE1_LAYOUTS"]
+__all__ = ["table1", "TABLE1_LAYOUTS", "indivisible"]
 
 # The five layouts of Table 1, in the paper's order (their formulas: _paper below).
 TABLE1_LAYOUTS = ("[]", "batch:all", "hidden:all", "batch:rows;hidden:cols",
                   "batch:rows;hidden:cols;io:planes")
+
+
+def indivisible(b: int, d_io: int, d_h: int, n: int, r: int, c: int, p: int) -> list[tuple[str, str, str]]:
+    """``(size argument, mesh argument, layout)`` for each size of Table 1 that its layout splits
+    over a mesh axis whose size does not divide it (``b`` over ``n`` in ``batch:all``, ...)."""
+    splits = [("b", b, "n", n, "batch:all"), ("d_h", d_h, "n", n, "hidden:all"),
+              ("b", b, "r", r, "batch:rows;hidden:cols"), ("d_h", d_h, "c", c, "batch:rows;hidden:cols"),
+              ("d_io", d_io, "p", p, "batch:rows;hidden:cols;io:planes")]
+    return [(size, count, layout) for size, value, count, devices, layout in splits if value % devices]
 
 
 def _paper(layout: str, b: int, dio: int, dh: int, n: int, r: int, c: int, p: int) -> dict:
@@ -59,6 +68,11 @@ def table1(b: int = 1024, d_io: int = 1024, d_h: int = 4096, *, n: int = 8, r: i
     from autolayout import models
     from autolayout.costmodel.predict import predict
 
+    given = {"b": b, "d_io": d_io, "d_h": d_h, "n": n, "r": r, "c": c, "p": p}
+    for size, count, layout in indivisible(b, d_io, d_h, n, r, c, p)[:1]:
+        raise ValueError(f"table1: {count}={given[count]} does not divide {size}={given[size]}, which Table 1's "
+                         f"layout {layout!r} splits over it; give {count} a value that divides {given[size]}, or {size} "
+                         f"a multiple of {given[count]}")
     g = graph if graph is not None else models.mlp(b, d_io, d_h)
     rows = []
     for lay in TABLE1_LAYOUTS:

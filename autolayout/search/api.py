@@ -205,7 +205,8 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
                                        _share(left, len(policies), i), num_workers, random_seed, start,
                                        upper, caches))
         except Dominated as e:
-            slower.append(f"remat={policy}: {e or f'no layout that fits is faster than {upper:.6g} s'} (proven)")
+            why = " ".join(str(e).split()) or f"no layout that fits is faster than {upper:.6g} s"
+            slower.append(f"remat={policy}: {why} (proven)")
         except SearchError as e:
             errors.append((f"remat={policy}", e))
     r = _best_of(results, errors, limit, start)

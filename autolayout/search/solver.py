@@ -211,7 +211,8 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
             # every layout at most upper_s seconds has objective <= u (rounding: model.tolerance_s)
             u = int(math.ceil((upper_s - lm.constant_s) / lm.unit)) + lm.terms + 1
             if u < lm.lower_units():
-                raise Dominated()
+                raise Dominated(f"no layout takes at most {upper_s:.6g} s per step (the cost model's lower bound "
+                                "on the step time is above it)")
             lm.prune(u)
             lm.model.Add(lm.objective <= u)
         return lm
@@ -227,7 +228,7 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
         return lm
 
     if points and memory_floor(tables, wus, points) > limit:  # proven before any model is built
-        state = {"bounded": upper_s is not None}
+        state = {"bounded": upper_s is not None, "upper_s": upper_s}
         _none_fits(tables, wus, memory_limit, state, time_limit_s - (time.perf_counter() - start), workers, seed,
                    True)
     lm = bounded(LayoutModel(tables, wus))
@@ -236,7 +237,8 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
     upper = lm.units(warm) if warm_fits else None
     if upper is not None:
         lm.prune(upper)  # the warm start satisfies every constraint: its objective bounds
-    state = {"hint": warm, "fit_known": warm_fits, "solve_s": 0.0, "upper": upper, "bounded": upper_s is not None}
+    state = {"hint": warm, "fit_known": warm_fits, "solve_s": 0.0, "upper": upper, "bounded": upper_s is not None,
+             "upper_s": upper_s}
     while len(out) < k:
         sol = _solve_next(tables, wus, lm, memory_limit, points, limit, peak, warm, warm_fits, state, start,
                           time_limit_s, workers, seed, first=not out)
@@ -430,7 +432,8 @@ def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: 
     if not first:
         return NO_OTHER
     if state["bounded"]:
-        raise Dominated()
+        fits = f"that fits memory_limit {int(memory_limit)} B " if math.isfinite(memory_limit) else ""
+        raise Dominated(f"no layout {fits}takes at most {state['upper_s']:.6g} s per step")
     mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
     raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
 
