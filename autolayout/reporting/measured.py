@@ -161,7 +161,9 @@ TARGETS = {"spearman": 0.9, "median_abs_error": 0.2, "searched_gap": 0.1}
 
 def _draw_layouts(graph: Any, k: int, rng: Any) -> list[tuple[str, Any]]:
     """``k`` distinct valid layouts drawn at random from the exhaustive space; every third
-    also shards the weight update over both axes (``|*:rows,cols``) where that is valid."""
+    also shards the weight update (``|*:rows,cols``, else ``|*:rows`` or ``|*:cols``: the
+    first whose every axis shards some parameter, a ``*`` entry that leaves an axis unused
+    being an error) where one is valid."""
     from autolayout.core import Layout, LayoutError
     from autolayout.costmodel.plan import plan
     from autolayout.search.space import enumerate_layouts
@@ -170,12 +172,14 @@ def _draw_layouts(graph: Any, k: int, rng: Any) -> list[tuple[str, Any]]:
     out: dict[str, tuple[str, Any]] = {}
     for i, lay in enumerate(rng.sample(space, min(k, len(space)))):
         if i % 3 == 2:
-            wus = Layout(f"{lay}|*:rows,cols")
-            try:
-                plan(graph, VALIDATION_MESH, wus)
+            for axes in ("rows,cols", "rows", "cols"):
+                wus = Layout(f"{lay}|*:{axes}")
+                try:
+                    plan(graph, VALIDATION_MESH, wus)
+                except LayoutError:  # a weight-update shard this layout cannot take
+                    continue
                 lay = wus
-            except LayoutError:  # a weight-update shard this layout cannot take: keep it plain
-                pass
+                break
         text = str(lay) or "(replicated)"
         out.setdefault(Layout.coerce(lay).canonical(), (text, lay))
     return list(out.values())
