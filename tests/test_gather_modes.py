@@ -61,16 +61,20 @@ def ids(which: str) -> jax.Array:
 @pytest.mark.parametrize("lookup", sorted(LOOKUPS))
 def test_sharded_lookup_matches_jit(lookup, which, layout):
     step, params, _, g = case(lookup)
-    args = (params, (), {"tok": ids(which)})
+    ref = _executes_as_jit(g, layout, step, (params, (), {"tok": ids(which)}))
+    assert np.isfinite(np.asarray(ref[2]))
+
+
+def _executes_as_jit(g, layout, step, args):
+    """``execute`` checks every output against the unsharded step (raises OutputMismatchError);
+    and directly: the loss and the updated table equal jax.jit's, which is returned."""
     ref = jax.jit(step)(*args)
-    # execute checks every output against the unsharded step (raises OutputMismatchError)
     ex = execute(g, MESH, layout, args=args, repeats=1, compiler_options=FAST)
     assert ex.max_abs_error <= 1e-5, ex.summary()
-    # and directly: the loss and the updated table equal jax.jit's
     np.testing.assert_allclose(np.asarray(ex.outputs[2]), np.asarray(ref[2]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(ex.outputs[0]["embed"]), np.asarray(ref[0]["embed"]),
                                rtol=1e-5, atol=1e-6)
-    assert np.isfinite(np.asarray(ref[2]))
+    return ref
 
 
 def test_the_out_of_range_ids_change_the_numbers():
@@ -151,12 +155,7 @@ def test_per_element_index_is_a_one_axis_lookup(lookup):
 @pytest.mark.parametrize("layout", ["", "batch:data", "vocab:model", "batch:data;vocab:model", "d_model:model"])
 def test_per_element_index_executes_as_jit(layout):
     step, args, g = eqx_case("eqx_embedding")
-    ref = jax.jit(step)(*args)
-    ex = execute(g, MESH, layout, args=args, repeats=1, compiler_options=FAST)
-    assert ex.max_abs_error <= 1e-5, ex.summary()
-    np.testing.assert_allclose(np.asarray(ex.outputs[2]), np.asarray(ref[2]), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(ex.outputs[0]["embed"]), np.asarray(ref[0]["embed"]),
-                               rtol=1e-5, atol=1e-6)
+    _executes_as_jit(g, layout, step, args)
 
 
 def test_per_element_index_that_may_fill_names_the_rewrite():
