@@ -36,6 +36,11 @@ REWRITES: dict[str, tuple[str, str]] = {
                           "`x.reshape(b, h // 2, 2, w // 2, 2, c).sum(axis=(2, 4))`"),
     "reduce_window": ("pooling windows are not named dims",
                       "for non-overlapping windows reshape into (windows, window) and reduce"),
+    # the gradient of a max-pool (reduce_window_max's transpose)
+    "select_and_scatter_add": ("a max-pool's gradient scatters into pooling windows, which are not named dims",
+                               "for non-overlapping windows reshape and reduce in the forward pass: "
+                               "`x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))`, whose gradient "
+                               "has a rule"),
     "conv_general_dilated": ("grouped (e.g. depthwise) convolutions have no named-dimension rule",
                              "reshape the channels to (groups, channels per group) and convolve each "
                              "group with `feature_group_count=1`, or write a depthwise 3x3 as the sum of "
@@ -87,8 +92,17 @@ def unsupported(prim: str, shapes: str, source: str, why: str | None = None) -> 
 
 
 def report(items: list[Item], fn: str) -> TraceError:
-    """One error listing every unsupported construct (each source line once)."""
-    seen = list(dict.fromkeys(items))
+    """One error listing every unsupported construct, each primitive at a source line once
+    (the forward pass's and the backward pass's equations of one line, with their inputs'
+    shapes joined)."""
+    merged: dict[tuple, Item] = {}
+    for it in dict.fromkeys(items):
+        key = (it.prim, it.source or id(it), it.why, it.rewrite)
+        if key in merged:
+            merged[key] = Item(it.prim, f"{merged[key].shapes}) and ({it.shapes}", it.source, it.why, it.rewrite)
+        else:
+            merged[key] = it
+    seen = list(merged.values())
     if len(seen) == 1:
         return TraceError(str(seen[0]))
     lines = "\n".join(f"  {i + 1}. {it}" for i, it in enumerate(seen))

@@ -392,6 +392,29 @@ def test_optax_multisteps_cond_says_to_accumulate_with_a_scan():
         trace(step, w, state, jnp.ones((8, 6)))
 
 
+def test_one_line_s_forward_and_backward_equations_are_one_item():
+    """jax.grad of a `lax.cond` has a cond in the forward and one in the backward pass, both at
+    the user's line: one item, both inputs' shapes named."""
+    def f(x):
+        return jnp.sum(lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x))
+
+    with pytest.raises(TraceError) as exc:
+        trace(jax.grad(f), X46)
+    msg = str(exc.value)
+    assert "unsupported constructs" not in msg  # a single item, not a list
+    assert re.search(r"unsupported primitive `cond` with inputs \(int32\[\], float32\[4,6\]\) and "
+                     r"\(int32\[\], float32\[4,6\], float32\[4,6\]\) at .*" + THIS_FILE, msg), msg
+
+
+def test_max_pool_gradient_names_the_reshape_rewrite():
+    def pool(x):
+        return jnp.sum(lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") ** 2)
+
+    with pytest.raises(TraceError, match=r"(?s)2 unsupported constructs.*`reduce_window_max`.*"
+                                         r"`select_and_scatter_add` .*max-pool's gradient.*reshape"):
+        trace(jax.grad(pool), S((2, 4, 4, 3), F32))
+
+
 def test_trace_error_is_a_value_error():
     # the CLI prints ValueErrors as one-line messages
     assert issubclass(TraceError, ValueError)
