@@ -275,6 +275,17 @@ def test_default_memory_limit_is_the_device_hbm():
     assert r.cost.memory_bytes <= hbm
 
 
+@pytest.mark.parametrize("mesh", ["rows:2,cols:4", None], ids=["mesh", "mesh-shapes"])
+def test_a_limit_above_the_device_memory_is_said(mesh):
+    hbm = get_hardware("tpu-v3").hbm_bytes  # 16 GiB (profiles: the TPU v3 datasheet)
+    kw = dict(hardware="tpu-v3", time_limit_s=10) | ({"num_devices": 8} if mesh is None else {})
+    r = search(graph("mlp_tiny"), mesh, memory_limit=2 * hbm, **kw)
+    assert any(re.fullmatch(r"memory_limit 32 GiB is above tpu-v3's 16 GiB of memory per device: the layout may not "
+                            r"fit that device", n) for n in r.notes), r.notes
+    for limit in (hbm, INF, None):  # at or below the device's memory, or no limit at all: nothing to say
+        assert not any("above" in n for n in search(graph("mlp_tiny"), mesh, memory_limit=limit, **kw).notes)
+
+
 # ------------------------------------------------------------------ API, meshes, solver
 @pytest.mark.parametrize("mesh", [
     "rows:2,cols:4", {"rows": 2, "cols": 4}, [("rows", 2), ("cols", 4)], (2, 4), Mesh("rows:2,cols:4"),

@@ -185,11 +185,16 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
     require_graph(graph, "search")
     hw = get_hardware(hardware)
     limit = _memory_limit(hw, memory_limit)
+    # a finite limit above the device's memory is allowed (planning for another part), and said
+    above = ((f"memory_limit {limit / 2**30:.4g} GiB is above {hw.name}'s {hw.hbm_bytes / 2**30:.4g} GiB of memory "
+              f"per device: the layout may not fit that device",) if math.isfinite(limit) and limit > hw.hbm_bytes
+             else ())
     if mesh is None:
         if num_devices is None:
             raise LayoutError("search needs a mesh (e.g. 'rows:4,cols:2') or num_devices=N")
-        return _search_meshes(graph, num_devices, max_axes, hw, limit, shard_weight_update, time_limit_s,
-                              num_workers, random_seed, start)
+        r = _search_meshes(graph, num_devices, max_axes, hw, limit, shard_weight_update, time_limit_s,
+                           num_workers, random_seed, start)
+        return dataclasses.replace(r, notes=r.notes + above) if above else r
     if num_devices is not None and Mesh.parse(mesh).size != num_devices:
         raise LayoutError(f"mesh {Mesh.parse(mesh)} has {Mesh.parse(mesh).size} devices, "
                           f"not num_devices={num_devices}; give one of them")
@@ -210,7 +215,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
         except SearchError as e:
             errors.append((f"remat={policy}", e))
     r = _best_of(results, errors, limit, start)
-    return dataclasses.replace(r, notes=r.notes + tuple(slower)) if slower else r
+    return dataclasses.replace(r, notes=r.notes + tuple(slower) + above) if slower or above else r
 
 
 def _memory_limit(hw: Any, memory_limit: float | str | None) -> float:
