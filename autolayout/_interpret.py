@@ -9,6 +9,7 @@ import numpy as np
 from autolayout._along import ALONG, _AlongRules
 from autolayout._unsupported import Unsupported, unsupported
 from autolayout._unify import TraceError, _binder, _Pending, _reshape_groups, _shapes, _Val
+from autolayout.graph import index_out_of_range
 
 ELEMENTWISE = frozenset("""
 abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
@@ -318,7 +319,7 @@ class _Tracer(_AlongRules):
         (``eqx.nn.Embedding`` under ``jax.vmap`` indexes ``(token, 0)``), the one whose
         slice is a single row, every other column selecting a whole axis, which the mode
         clamps to start 0 whatever it holds (a gather's CLIP and PROMISE_IN_BOUNDS, a
-        scatter's CLIP: see ``exec.local_ops.out_of_range``), so the op is that one-axis lookup."""
+        scatter's CLIP: ``graph.index_out_of_range``), so the op is that one-axis lookup."""
         from jax.lax import GatherScatterMode as M
 
         cols, collapsed = tuple(cols), tuple(collapsed)
@@ -335,7 +336,7 @@ class _Tracer(_AlongRules):
                                    f"{'' if gather else ', their gradients'}) are supported; this index has "
                                    f"{len(cols)} columns selecting along axes {cols} of {shape}")
         mode = M.from_any(eqn.params["mode"])
-        if not (mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)):
+        if index_out_of_range("gather" if gather else "scatter", mode) != "clamp":
             raise self.unsupported(
                 eqn, f"an embedding row lookup written with a per-element index (columns {cols}, e.g. "
                 f"eqx.nn.Embedding under jax.vmap) in mode {mode.name}, where an index column other than the "
@@ -375,12 +376,9 @@ class _Tracer(_AlongRules):
         a scatter's CLIP); elsewhere an index other than 0 fills (FILL_OR_DROP gather) or
         is dropped (a scatter's FILL_OR_DROP and PROMISE_IN_BOUNDS: XLA skips
         out-of-bounds updates), so every index must be 0."""
-        from jax.lax import GatherScatterMode as M
-
         if iv.root is not None:
             return False
-        mode = M.from_any(eqn.params["mode"])
-        clamped = mode == M.CLIP or (gather and mode == M.PROMISE_IN_BOUNDS)
+        clamped = index_out_of_range("gather" if gather else "scatter", eqn.params["mode"]) == "clamp"
         return clamped or bool(np.all(np.asarray(iv.literal) == 0))
 
     def scatter_add(self, eqn: Any, ins: list[_Val], aval: Any, ctx: tuple) -> _Val:

@@ -98,7 +98,7 @@ class Op:
     ``slice`` drops ``((layers,), ())`` and ``stack`` adds ``((), (layers,))``).
     ``gather``/``scatter`` ops hold ``("indexed", dim)``, ``("batch", dims)`` (batching
     dims, if any), ``("mode", jax.lax.GatherScatterMode)`` (what an out-of-range index
-    does: see :func:`autolayout.exec.local_ops.out_of_range`) and, for a FILL_OR_DROP
+    does: :func:`index_out_of_range`) and, for a FILL_OR_DROP
     gather, ``("fill_value", v)`` in the output's dtype.
     """
 
@@ -575,3 +575,23 @@ def require_graph(graph: Any, where: str) -> Graph:
             f"{where}: argument 'graph' must be a traced autolayout Graph (from autolayout.trace(fn, *args, "
             f"dims=...) or a model of autolayout.models), got {type(graph).__name__} {str(graph)[:60]!r}")
     return graph
+
+
+def index_out_of_range(kind: str, mode: Any) -> str:
+    """What a ``gather`` or ``scatter`` op with jax's ``GatherScatterMode`` ``mode`` does with
+    an index outside its indexed dim, as the compiled op does: ``"clamp"``, ``"fill"`` (a
+    gather's row) or ``"drop"`` (a scatter's update); the tracer and the lowering both ask.
+
+    Sources: XLA's operation semantics (openxla.org/xla/operation_semantics): Gather clamps
+    start indices into the operand, Scatter skips an out-of-bounds update; jax lowers a
+    gather's FILL_OR_DROP as a PROMISE_IN_BOUNDS gather masked with ``fill_value``
+    (``lax.slicing._gather_fill``) and a scatter's CLIP by clamping the indices first
+    (``lax.slicing._clamp_scatter_indices``). So PROMISE_IN_BOUNDS clamps a gather's index
+    but drops a scatter's update (its gradient), exactly as ``jax.jit``.
+    """
+    from jax.lax import GatherScatterMode as M
+
+    mode = M.from_any(mode)
+    if kind == "gather":
+        return "fill" if mode == M.FILL_OR_DROP else "clamp"
+    return "clamp" if mode == M.CLIP else "drop"

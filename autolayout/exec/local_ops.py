@@ -33,35 +33,27 @@ import numpy as np
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER, Conversion, Moves, Placement
 from autolayout.costmodel.plan import LoweringError
 from autolayout.costmodel.rules import phases
+from autolayout.graph import index_out_of_range
 from autolayout.schedule import align
 
 
 
 
 def out_of_range(op: Any) -> tuple[str, Any]:
-    """What a gather or scatter op does with an index outside its indexed dim, as jax's
-    compiled op does for the op's ``mode`` attr: ``("clamp", None)``, ``("fill", value)``
-    (a gather's out-of-range rows) or ``("drop", None)`` (a scatter's out-of-range updates).
-
-    Sources: XLA's operation semantics (openxla.org/xla/operation_semantics): Gather
-    clamps start indices into the operand, Scatter skips an update whose index is out of
-    bounds; jax lowers a gather's FILL_OR_DROP as a PROMISE_IN_BOUNDS gather masked with
-    ``fill_value`` (``lax.slicing._gather_fill``) and a scatter's CLIP by clamping the
-    indices first (``lax.slicing._clamp_scatter_indices``). So PROMISE_IN_BOUNDS clamps a
-    gather's index but drops a scatter's update (its gradient), exactly as ``jax.jit``.
+    """What a gather or scatter op does with an index outside its indexed dim
+    (:func:`~autolayout.graph.index_out_of_range` of its ``mode`` attr): ``("clamp", None)``,
+    ``("fill", value)`` (a gather's out-of-range rows: its ``fill_value``) or ``("drop", None)``
+    (a scatter's out-of-range updates).
 
     Raises:
         LoweringError: the op has no ``mode`` attr (a graph not made by the tracer).
     """
-    from jax.lax import GatherScatterMode as M
-
     mode = op.attr("mode")
     if mode is None:
         raise LoweringError(f"{op.kind} op {op.name!r} has no 'mode' attr (what an out-of-range index "
                             "does); trace the step again with autolayout.trace to record it")
-    if op.kind == "gather":
-        return ("fill", op.attr("fill_value")) if mode == M.FILL_OR_DROP else ("clamp", None)
-    return ("clamp", None) if mode == M.CLIP else ("drop", None)
+    effect = index_out_of_range(op.kind, mode)
+    return effect, (op.attr("fill_value") if effect == "fill" else None)
 
 
 def axis_name(axes: tuple[str, ...]) -> Any:
