@@ -84,6 +84,11 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # alone moves this row or llama's ZeRO-3 rows past 10% (0.826 / 1.108): the errors had offset
     ("transformer_lm-train", "batch:data,model|*:data,model@3"),
     ("llama-train", "batch:data,model|*:data,model@3"),  # 0.943 -> 0.969
+    # before -> after the partial sums of all-reduces XLA combines were held until the combined one
+    # runs (costmodel/combine.py: the q, k, v projections of a split d_model; drawn at random by
+    # benchmarks/memory_vs_xla.py --random 4 --seed 0)
+    ("transformer_lm-forward", "d_model:model;d_ff:data"),  # 0.808 -> 1.033
+    ("transformer_lm-forward", "vocab:model;d_model:data;d_ff:model"),  # 0.843 -> 1.024
 ]
 
 DONATED = (

@@ -204,6 +204,8 @@ class Hardware:
             together, after the last is computed, so that their unreduced partial sums are
             live at once (:func:`~autolayout.costmodel.memory.held_bytes`): XLA:CPU combines
             all-reduces with no byte threshold; see :data:`~autolayout.costmodel.profiles.SRC_CPU_GRADIENT_REDUCTIONS`.
+            Other all-reduces that do not depend on one another are combined too
+            (:func:`~autolayout.costmodel.combine.combined_all_reduces`).
         reduce_scatter_copies: whether a reduce-scatter of a dim that is not its operand's
             most major first copies the operand into that layout
             (:func:`~autolayout.costmodel.memory.transient_bytes`); see

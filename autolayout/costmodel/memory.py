@@ -59,7 +59,11 @@ std::numeric_limits<int64_t>::max()``, openxla/xla ``xla/service/cpu/cpu_compile
 ``AllReduceCombiner`` merges only all-reduces that do not depend on one another, which a
 step's gradients never do), and its scheduler puts the gradients' reduce-scatters after
 the last gradient contraction as well (measured: ``benchmarks/memory_vs_xla.py``'s
-ZeRO layouts of ``mlp``, under both XLA:CPU schedulers). The
+ZeRO layouts of ``mlp``, under both XLA:CPU schedulers). The combiner merges other
+all-reduces that do not depend on one another too (a split ``d_model``'s q, k and v
+projections): which do depends on the layout, and ``peak_memory``'s ``groups``
+(:func:`~autolayout.costmodel.combine.combined_all_reduces`) hold their partial sums the same
+way. The
 breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parameters'
 gradients) and ``activations`` (everything else: inputs, saved activations,
 temporaries, outputs that are not parameters or optimizer state), and ``transient``
@@ -250,7 +254,8 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
-                gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool) -> tuple[int, dict]:
+                gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
+                groups: Mapping[str | None, tuple] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -261,16 +266,21 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
     (``OpCost.span_bytes``), live from where the schedule runs the conversion to the last of them
     (:func:`~autolayout.costmodel.sharing.spans`; ``early``: ``Hardware.breadth_first_schedule``,
-    a top-level value there throughout converted at the step's start; counted as ``transient``)."""
+    a top-level value there throughout converted at the step's start; counted as ``transient``),
+    and ``groups``, the other combined all-reduces
+    (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
+    ops)``), whose ops hold ``held[op]`` there too."""
     temps = temps or {}
     held = held or {}
     spans = _spans(graph, copies or {}, gathered or {}, early)
-    combined = combined_reductions(graph)
+    combined: dict[str | None, tuple] = {k: (v,) for k, v in combined_reductions(graph).items()}
+    for k, gs in (groups or {}).items():
+        combined[k] = combined.get(k, ()) + tuple(gs)
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined)  # outputs allocated for the whole call
     if whole is not None:
         return whole
-    waiting = _waiting(combined.get(None), units, held)
+    waiting = _waiting(combined.get(None, ()), units, held)
     end = len(units)
     # sweep: +size at allocation, -size after the last use
     delta = [0] * (end + 2)
@@ -286,7 +296,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         running += delta[i]
         total = running
         if isinstance(u, Loop):
-            bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name), u.body, held),
+            bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name, ()), u.body, held),
                                    spans.get(u.name, ()))
             total += bodies[i][0]
         else:
@@ -307,20 +317,19 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     unit = units[best_at] if units else None
     if isinstance(unit, Loop):
         breakdown["transient"] = (temps.get(body_op, 0)
-                                  + _waiting(combined.get(unit.name), unit.body, held).get(body_at, 0))
+                                  + _waiting(combined.get(unit.name, ()), unit.body, held).get(body_at, 0))
     else:
         breakdown["transient"] = temps.get(unit, 0) + waiting.get(best_at, 0)
     return max(best, 0), breakdown
 
 
-def _waiting(group: tuple[int, tuple[str, ...]] | None, units, held: Mapping[str, int]) -> dict[int, int]:
-    """``{position: bytes}``: the held bytes of a computation's gradient-reducing ops, live at
-    the position of its combined reduction (the op running there counts its own in its
-    transient bytes)."""
-    if group is None:
-        return {}
-    at, ops = group
-    return {at: sum(held.get(o, 0) for o in ops if o != units[at])}
+def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
+    """``{position: bytes}``: the held bytes of a computation's combined reductions' ops, live
+    at the position of each (the op running there counts its own in its transient bytes)."""
+    out: dict[int, int] = {}
+    for at, ops in groups:
+        out[at] = out.get(at, 0) + sum(held.get(o, 0) for o in ops if o != units[at])
+    return out
 
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
@@ -378,12 +387,13 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     for i, loop, j, op, live in schedule_points(graph):
         top = _copies_at(spans.get(None, ()), i)
         if loop is None:
-            point(i, list(live), [("transient", temps.get(op, 0))] + _held_at(combined.get(None), units, i, held) + top)
+            point(i, list(live), [("transient", temps.get(op, 0))] + _held_at(combined.get(None, ()), units, i, held)
+                  + top)
         elif op is None:  # an empty body
             point(i, list(live), top)
         else:
             point(i, list(live), [("transient", temps.get(op, 0))]
-                  + _held_at(combined.get(loop), graph.loops[loop].body, j, held) + top
+                  + _held_at(combined.get(loop, ()), graph.loops[loop].body, j, held) + top
                   + _copies_at(spans.get(loop, ()), j))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
@@ -421,12 +431,9 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     return out
 
 
-def _held_at(group: tuple[int, tuple[str, ...]] | None, units, i: int,
-             held: Mapping[str, int]) -> list[tuple[str, int]]:
-    """The held bytes of a computation's gradient-reducing ops waiting at position ``i`` (its
-    combined reduction's), one buffer each (:func:`_waiting` sums them)."""
-    if group is None or group[0] != i:
-        return []
-    return [("held", held.get(o, 0)) for o in group[1] if o != units[i]]
+def _held_at(groups, units, i: int, held: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The held bytes of a computation's ops waiting at position ``i`` for a combined reduction
+    there, one buffer each (:func:`_waiting` sums them)."""
+    return [("held", held.get(o, 0)) for at, ops in groups if at == i for o in ops if o != units[i]]
 
 

@@ -11,6 +11,7 @@ from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
@@ -157,7 +158,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
     mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
-                                     gathered, early=hw.breadth_first_schedule)
+                                     gathered, early=hw.breadth_first_schedule,
+                                     groups=combined_all_reduces(graph, p.ops, hw))
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -30,6 +30,13 @@ point) and ``search/solver.py`` cuts off a layout that meets them but not :func:
 The point where a computation reduces its gradients together also lists the
 :func:`held` bytes of its other gradient-reducing ops
 (``memory.combined_reductions``, ``memory.held_bytes``: 0 on hardware that does not).
+The point of an op whose all-reduce may end a combined one
+(``costmodel.combine.combined_all_reduces``) lists a :func:`combined` name for each op that
+may hold its partial sums there (``combine.held_pairs``); which do depends on the layout
+(the combiner groups all-reduces of the same mesh axes), so a layout sizes them
+(``search.warm.sizes_of``: the held bytes of the members of its groups, 0 for the rest) and,
+like the output allocations, they count in :func:`peak_of` but not in the rows' live sums
+(:func:`live_peak_of`): the solver cuts off a layout they put over the limit (a no-good cut).
 
 ``peak_memory(graph, mesh, axes_of, shrink)[0] == peak_of(points, sizes)[0]``
 for every layout; ``tests/test_search.py`` checks this against the cost model.
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.memory import combined_reductions
 
 from autolayout.costmodel.copies import copy_spans
@@ -48,12 +56,14 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "transient", "is_transient", "held", "is_held",
-           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of"]
+           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
+           "is_combined"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
 _COPY = "\x00copy:"
 _GATHERED = "\x00gathered:"
+_COMBINED = "\x00combined:"
 
 
 def transient(op: str) -> str:
@@ -109,6 +119,16 @@ def gathered_tensor(name: str) -> str:
     return name[len(_GATHERED):].split("\x00", 1)[1]
 
 
+def combined(member: str, last: str) -> str:
+    """The name under which the live set of ``last``'s point lists the partial sums ``member``
+    holds there when a layout combines their all-reduces (``costmodel.combine``)."""
+    return f"{_COMBINED}{member}\x00{last}"
+
+
+def is_combined(name: str) -> bool:
+    return name.startswith(_COMBINED)
+
+
 def op_of(name: str) -> str:
     """The op of a :func:`transient`, :func:`held`, :func:`copy` or :func:`gathered` name."""
     if is_copy(name):
@@ -128,6 +148,7 @@ class LivePoints(list):
         super().__init__(points)
         self.outputs = outputs
         self.arguments = arguments
+        self.combined = any(is_combined(n) for names in points for n in names)  # layout-sized names
         self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
 
     def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
@@ -150,16 +171,19 @@ def live_points(graph: Graph, *, early: bool) -> LivePoints:
     conversions' spans as a breadth-first schedule places them
     (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`)."""
     units = lifetimes(graph)[0]
-    combined = combined_reductions(graph)
+    gradients = combined_reductions(graph)
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     rank = {n: i for i, n in enumerate(graph.order)}
+    waiting_at: dict[str, list[str]] = {}
+    for m, o in held_pairs(graph):
+        waiting_at.setdefault(o, []).append(combined(m, o))
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
 
     def add(names: list[str], op: str | None, waiting: tuple[str, ...] = (), copies: tuple[str, ...] = ()) -> None:
         key = (tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
-               + tuple(held(o) for o in waiting) + copies)
+               + tuple(held(o) for o in waiting) + copies + tuple(waiting_at.get(op, ())))
         if key not in seen:
             seen.add(key)
             points.append(key)
@@ -171,9 +195,9 @@ def live_points(graph: Graph, *, early: bool) -> LivePoints:
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)
         if loop is None or op is None:  # a top-level op, or an empty loop body
-            add(list(live), op, _waiting(combined.get(None), units, i), top)
+            add(list(live), op, _waiting(gradients.get(None), units, i), top)
         else:
-            add(list(live), op, _waiting(combined.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j))
+            add(list(live), op, _waiting(gradients.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j))
     return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
 
 
@@ -189,7 +213,7 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
     for the whole call, ``outputs.unplaced_output_bytes`` of those not live there (not yet
     written), as ``predict`` counts them."""
     outputs = getattr(points, "outputs", frozenset())
-    if not outputs:
+    if not outputs and not getattr(points, "combined", False):
         return live_peak_of(points, size)
     best, at = -1, 0
     for i in range(len(points)):
@@ -213,11 +237,12 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
 
 def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
     """``(peak bytes, index of the first point reaching it)`` of the live sums alone (the
-    search's memory rows; a lower bound of :func:`peak_of` at every point, and monotone in
-    every tensor's bytes, so a sound floor from each tensor's least bytes)."""
+    search's memory rows, without the :func:`combined` names a layout sizes; a lower bound of
+    :func:`peak_of` at every point, and monotone in every tensor's bytes, so a sound floor from
+    each tensor's least bytes)."""
     best, at = -1, 0
     for i, names in enumerate(points):
-        total = sum(size.get(n, 0) for n in names)
+        total = sum(size.get(n, 0) for n in names if not is_combined(n))
         if total > best:
             best, at = total, i
     return max(best, 0), at

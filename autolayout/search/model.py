@@ -45,7 +45,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import copy_operand, gathered_tensor, is_copy, is_gathered, is_held, is_transient, op_of
+from autolayout.search.liveness import (copy_operand, gathered_tensor, is_combined, is_copy, is_gathered, is_held,
+                                       is_transient, op_of)
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -351,6 +352,8 @@ class LayoutModel:
                 dims, vec = tables.copy_bytes(graph.op(op_of(n)), copy_operand(n))
             elif is_gathered(n):  # a conversion later readers share, live from its op to the last
                 dims, vec = tables.gathered_bytes(graph.op(op_of(n)), gathered_tensor(n))
+            elif is_combined(n):  # held for a combined all-reduce: layout-dependent, 0 in the rows
+                continue
             else:
                 t = graph.tensor(n)
                 dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)

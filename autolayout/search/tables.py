@@ -85,6 +85,7 @@ class Tables:
         the orbit of its assignment; pass the same one to the tables of several remat policies
         of one step on one mesh and hardware to share them."""
         self.graph, self.mesh, self.hw = graph, mesh, hw
+        self.combined_sizes: dict = {}  # search.warm.sizes_of's combined all-reduces, per assignment
         self.fast_mesh = _FastMesh(mesh.axes)
         self.space = Space(graph, mesh, regions=regions)
         self.views = self.space.views

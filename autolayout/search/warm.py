@@ -6,10 +6,11 @@ under a point, as ``predict`` counts them.
 """
 from __future__ import annotations
 
+from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.copies import copy_spans
-from autolayout.costmodel.plan import SOURCES
+from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.search.liveness import copy, gathered, held, peak_of, total_at, transient
+from autolayout.search.liveness import combined, copy, gathered, held, peak_of, total_at, transient
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -40,7 +41,30 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
+    sizes.update(_combined_sizes(tables, point))
     return sizes
+
+
+def _combined_sizes(tables: Tables, point: Decoded) -> dict[str, int]:
+    """The :func:`~autolayout.search.liveness.combined` names of ``point``'s layout: the held bytes
+    of each member of a combined all-reduce at its last member
+    (``costmodel.combine.combined_all_reduces`` of the layout's plan, as ``predict`` counts them;
+    storage options do not change which ops all-reduce over which axes). Cached per assignment."""
+    if not (tables.hw.combines_gradient_reductions and held_pairs(tables.graph)):
+        return {}
+    cache = tables.combined_sizes
+    key = tuple(sorted(point.axes_of.items()))
+    if key not in cache:
+        graph = tables.graph
+        p = plan(graph, tables.mesh, tables.space.layout_of(point.axes_of))
+        out = {}
+        for groups in combined_all_reduces(graph, p.ops, tables.hw).values():
+            for _, ops in groups:
+                for m in ops[:-1]:
+                    dims, vec = tables.held_bytes(graph.op(m))
+                    out[combined(m, ops[-1])] = int(vec[tables.restrict(point.axes_of, dims)])
+        cache[key] = out
+    return cache[key]
 
 
 def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limit: int = 0) -> Decoded:
