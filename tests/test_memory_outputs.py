@@ -64,7 +64,7 @@ def test_temporaries_held_in_the_output_allocation_where_they_fit(n):
         assert abs(got / xla - 1) < 0.02
     # the search's points give the same figure; their live sums alone (its linear rows) give liveness
     sizes = {t.name: t.size * F32 for t in g.tensors() if g.op(t.name).materialised}
-    points = live_points(g, early=CPU.breadth_first_schedule)
+    points = live_points(g, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
     assert peak_of(points, sizes)[0] == got
     # (n=64: at the end, x, w, the output and the f32[] sum that scales it)
     assert live_peak_of(points, sizes)[0] == (64 * KIB + h + 2 * h if n == 256 else 160 * KIB + F32)
@@ -85,7 +85,7 @@ def test_search_meets_the_limit_with_outputs_allocated_for_the_whole_call():
     g = trace(_cumsum_step, xs, ws, dims=("a b", "b c"))
     mesh, hw = Mesh.parse("rows:2,cols:2"), get_hardware("tpu-v3")
     tables = Tables(g, mesh, hw, regions=False)
-    points = live_points(g, early=hw.breadth_first_schedule)
+    points = live_points(g, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
     rows = []  # (time, predicted memory, live sums alone, layout)
     for lay in enumerate_layouts(g, mesh):
         c = predict(g, mesh, lay, hardware=hw)

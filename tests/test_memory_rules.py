@@ -290,7 +290,7 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
     g, mesh = _graph(name), Mesh.parse(mesh)
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(g, early=CPU.breadth_first_schedule)
+    points = live_points(g, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
     assert any(is_held(n) for p in points for n in p)
     layouts = list(enumerate_layouts(g, mesh))
     checked = changed = copied = gathered = 0

@@ -23,9 +23,10 @@ The model keeps the traced order, in which a member's readers may run before the
 member; XLA's program cannot (the readers wait for the combined all-reduce), and the order it
 picks instead depends on the layout. Only a member whose every reader runs after the last
 member holds its partial sums there (:func:`combined_all_reduces`): where the traced order is an
-order of XLA's program. ``predict`` (``memory.peak_memory``'s ``groups``) and the search
-(``search.liveness``'s :func:`held_pairs` names, sized by ``search.warm.sizes_of``) both use
-this one function.
+order of XLA's program. The groups are taken in the traced order, which stands for XLA's post
+order. ``predict`` (``memory.peak_memory``'s ``groups``) and the search (``search.liveness``'s
+``combined`` names, one per pair of :func:`held_pairs`, sized by ``search.warm.sizes_of``) both
+use this one function.
 """
 from __future__ import annotations
 
@@ -71,13 +72,18 @@ def _may_wait(graph: Graph, m: str, o: str) -> bool:
     """Whether ``m``'s partial sums can wait for an all-reduce combined with ``o``'s, ``o``
     later in the same computation: ``o`` is not reachable from ``m`` and every reader of ``m``
     runs after ``o``."""
-    import networkx as nx
-
     pos, readers, _ = _statics(graph)
     (loop, i), (loop_o, j) = pos[m], pos[o]
-    if loop != loop_o or i >= j or nx.has_path(graph.nx, m, o):
+    if loop != loop_o or i >= j or o in _descendants(graph, m):
         return False
     return all(pos.get(r, (loop, j + 1))[0] != loop or pos[r][1] > j for r in readers[m])
+
+
+@lru_cache(maxsize=4096)
+def _descendants(graph: Graph, name: str) -> frozenset[str]:
+    import networkx as nx
+
+    return frozenset(nx.descendants(graph.nx, name))
 
 
 @lru_cache(maxsize=64)
@@ -114,8 +120,6 @@ def combined_all_reduces(graph: Graph, plans: Mapping[str, OpPlan], hardware: Ha
     profiles overlap their collectives instead)."""
     if not hardware.combines_gradient_reductions:
         return {}
-    import networkx as nx
-
     pos, _, grads = _statics(graph)
     out: dict[str | None, list[tuple[int, tuple[str, ...]]]] = {}
     for loop, ops in _computations(graph):
@@ -129,7 +133,7 @@ def combined_all_reduces(graph: Graph, plans: Mapping[str, OpPlan], hardware: Ha
         for seq in by_key.values():
             run: list[str] = []
             for o in seq + [None]:
-                if o is not None and not any(nx.has_path(graph.nx, m, o) for m in run):
+                if o is not None and not any(o in _descendants(graph, m) for m in run):
                     run.append(o)
                     continue
                 held = tuple(m for m in run[:-1] if _may_wait(graph, m, run[-1])) if run else ()

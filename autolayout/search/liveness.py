@@ -165,18 +165,20 @@ class LivePoints(list):
         return self._split
 
 
-def live_points(graph: Graph, *, early: bool) -> LivePoints:
+def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order; ``early``: the shared
     conversions' spans as a breadth-first schedule places them
-    (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`)."""
+    (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`);
+    ``combines``: ``Hardware.combines_gradient_reductions``, whose combined all-reduces add the
+    :func:`combined` names (``costmodel.combine.held_pairs``)."""
     units = lifetimes(graph)[0]
     gradients = combined_reductions(graph)
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
-    for m, o in held_pairs(graph):
+    for m, o in held_pairs(graph) if combines else ():
         waiting_at.setdefault(o, []).append(combined(m, o))
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []

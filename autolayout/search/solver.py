@@ -197,7 +197,8 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
     if int(k) != k or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     start = time.perf_counter()
-    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule) if math.isfinite(memory_limit) else []
+    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule,
+                         combines=tables.hw.combines_gradient_reductions) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
     def peak(point: Decoded) -> tuple[int, int]:
@@ -463,7 +464,8 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     limit came first: then it is the smallest found)."""
     start = time.perf_counter()
     lm = LayoutModel(tables, wus, time_objective=False)
-    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule)
+    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule,
+                         combines=tables.hw.combines_gradient_reductions)
     peak_var = lm.model.NewIntVar(0, 2 ** 61, "peak")
     lm.model.Minimize(peak_var)
     best: tuple[int, Decoded] | None = None
