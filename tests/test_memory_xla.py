@@ -127,7 +127,10 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "32 KiB each) beside the arguments. The model's fixed order holds the forward output only until the loss "
         "and still holds the weight gradients (32 KiB) at the input gradient's reduction. Where the gradients need "
         "a reduction the updates wait for the combined all-reduce instead (the data-parallel rows, within), so "
-        "the order XLA picks depends on the layout, which the search's fixed memory rows cannot hold"),
+        "the order XLA picks depends on the layout, which the search's fixed memory rows cannot hold; "
+        "costmodel/combine.py holds a combined all-reduce's partial sums only where the traced order reads no "
+        "member before the last, and here the loss reads the forward output first (holding them anyway gives "
+        "1.04 here but 1.12 for hidden:model, measured within at 1.00)"),
     ("nnx_llama", ""): (
         "0.89: a liveness gap (the model's 665108 B is 577804 B live plus 87304 B of outputs not yet written; XLA's "
         "747336 B is 662300 B live plus 84976 B of idle output allocations, benchmarks/xla_live.py: the idle "
