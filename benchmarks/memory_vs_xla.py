@@ -182,30 +182,19 @@ def cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
 
 def random_cases(k: int, seed: int, only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
     """``(model id, graph, args, layout)`` for ``k`` layouts per model of :data:`CASES` drawn at random
-    from ``enumerate_layouts(graph, MESH)`` (seeded: ``seed``); every other draw also shards the
-    weight update over ``data,model``, else ``data``, else ``model`` (the first a plan takes)."""
+    (``search.space.draw_layouts``, seeded: ``seed``); every other draw also shards the weight
+    update at ZeRO stage 3 over ``data,model``, else ``data``, else ``model`` (the first a plan takes)."""
     import random
 
-    from autolayout.core import Layout, LayoutError
-    from autolayout.costmodel.plan import plan
-    from autolayout.search.space import enumerate_layouts
+    from autolayout.search.space import draw_layouts
 
     rng = random.Random(seed)
     for name, (build, _) in CASES.items():
         if only and only not in name:
             continue
         g, args = build()
-        space = list(enumerate_layouts(g, MESH))
-        for i, lay in enumerate(rng.sample(space, min(k, len(space)))):
-            text = str(lay)
-            for axes in ("data,model", "data", "model") if i % 2 else ():
-                try:
-                    plan(g, MESH, Layout(f"{text}|*:{axes}@3"))
-                except LayoutError:  # a weight-update shard this layout cannot take
-                    continue
-                text = f"{text}|*:{axes}@3"
-                break
-            yield name, g, args, text
+        for lay in draw_layouts(g, MESH, k, rng, shard_every=2, stage=3):
+            yield name, g, args, str(lay)
 
 
 def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:

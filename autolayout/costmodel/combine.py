@@ -86,6 +86,12 @@ def _descendants(graph: Graph, name: str) -> frozenset[str]:
     return frozenset(nx.descendants(graph.nx, name))
 
 
+def _candidates(graph: Graph, ops: list[str], grads: frozenset) -> list[str]:
+    """The ops of a computation (``ops``, in order) whose output the combiner may merge: its
+    contractions and reductions outside the gradient group ``grads``."""
+    return [o for o in ops if graph.op(o).kind in ("einsum", "reduce") and o not in grads]
+
+
 @lru_cache(maxsize=64)
 def held_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
     """Every ``(member, last)`` pair of ops that :func:`combined_all_reduces` can group under some
@@ -96,7 +102,7 @@ def held_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
     _, _, grads = _statics(graph)
     out = []
     for _, ops in _computations(graph):
-        cands = [o for o in ops if graph.op(o).kind in ("einsum", "reduce") and o not in grads]
+        cands = _candidates(graph, ops, grads)
         for k, o in enumerate(cands):
             out.extend((m, o) for m in cands[:k] if _may_wait(graph, m, o))
     return tuple(out)
@@ -124,9 +130,7 @@ def combined_all_reduces(graph: Graph, plans: Mapping[str, OpPlan], hardware: Ha
     out: dict[str | None, list[tuple[int, tuple[str, ...]]]] = {}
     for loop, ops in _computations(graph):
         by_key: dict[tuple, list[str]] = {}
-        for o in ops:
-            if o in grads or graph.op(o).kind not in ("einsum", "reduce"):
-                continue
+        for o in _candidates(graph, ops, grads):
             key = _all_reduce_key(plans[o])
             if key is not None:
                 by_key.setdefault(key, []).append(o)

@@ -160,29 +160,12 @@ TARGETS = {"spearman": 0.9, "median_abs_error": 0.2, "searched_gap": 0.1}
 
 
 def _draw_layouts(graph: Any, k: int, rng: Any) -> list[tuple[str, Any]]:
-    """``k`` distinct valid layouts drawn at random from the exhaustive space; every third
-    also shards the weight update (``|*:rows,cols``, else ``|*:rows`` or ``|*:cols``: the
-    first whose every axis shards some parameter, a ``*`` entry that leaves an axis unused
-    being an error) where one is valid."""
-    from autolayout.core import Layout, LayoutError
-    from autolayout.costmodel.plan import plan
-    from autolayout.search.space import enumerate_layouts
+    """``(label, layout)`` of ``k`` distinct valid layouts drawn at random
+    (``search.space.draw_layouts``); every third also shards the weight update
+    (``|*:rows,cols``, else ``|*:rows`` or ``|*:cols``) where one is valid."""
+    from autolayout.search.space import draw_layouts
 
-    space = list(enumerate_layouts(graph, VALIDATION_MESH))
-    out: dict[str, tuple[str, Any]] = {}
-    for i, lay in enumerate(rng.sample(space, min(k, len(space)))):
-        if i % 3 == 2:
-            for axes in ("rows,cols", "rows", "cols"):
-                wus = Layout(f"{lay}|*:{axes}")
-                try:
-                    plan(graph, VALIDATION_MESH, wus)
-                except LayoutError:  # a weight-update shard this layout cannot take
-                    continue
-                lay = wus
-                break
-        text = str(lay) or "(replicated)"
-        out.setdefault(Layout.coerce(lay).canonical(), (text, lay))
-    return list(out.values())
+    return [(str(lay) or "(replicated)", lay) for lay in draw_layouts(graph, VALIDATION_MESH, k, rng)]
 
 
 def _time_interleaved(runs: list[dict], rounds: int, rng: Any) -> None:

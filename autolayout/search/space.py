@@ -28,7 +28,7 @@ from autolayout.costmodel.plan import REDUCING, unsplittable
 from autolayout.costmodel.regions import EMPTY, Regions, regions
 from autolayout.graph import Graph, Op
 
-__all__ = ["Space", "Views", "enumerate_layouts", "conflict_groups"]
+__all__ = ["Space", "Views", "enumerate_layouts", "draw_layouts", "conflict_groups"]
 
 # An assignment of a tuple of dims: one tuple of mesh axes (mesh order) per dim.
 Assignment = tuple[tuple[str, ...], ...]
@@ -194,6 +194,38 @@ class Space:
         rules = [(d, axes_of[d]) for d in self.dims if axes_of.get(d)
                  and (self.base[d] == d or set(axes_of[d]) != set(axes_of.get(self.base[d], ())))]
         return Layout(rules, update_sharding, remat=remat)
+
+
+def draw_layouts(graph: Graph, mesh: Any, k: int, rng: Any, *, shard_every: int = 3,
+                 stage: int | None = None) -> list[Layout]:
+    """``k`` layouts drawn at random (``rng.sample``) from :func:`enumerate_layouts`, distinct by
+    :meth:`Layout.canonical`; every ``shard_every``-th also shards the weight update
+    (``|*:AXES``, at ZeRO ``stage`` if given) over all the mesh's axes, else over the first
+    single axis a plan takes (a ``*`` entry a layout cannot take is a ``LayoutError``).
+
+    The validation report (``reporting.measured``) and ``benchmarks/memory_vs_xla.py --random``
+    draw their layouts with this.
+    """
+    from autolayout.core import LayoutError
+    from autolayout.costmodel.plan import plan
+
+    mesh = Mesh.parse(mesh)
+    names = list(mesh.axis_names)
+    choices = [",".join(names)] + (names if len(names) > 1 else [])
+    space = list(enumerate_layouts(graph, mesh))
+    out: dict[str, Layout] = {}
+    for i, lay in enumerate(rng.sample(space, min(k, len(space)))):
+        if i % shard_every == shard_every - 1:
+            for axes in choices:
+                wus = Layout(f"{lay}|*:{axes}" + (f"@{stage}" if stage else ""))
+                try:
+                    plan(graph, mesh, wus)
+                except LayoutError:  # a weight-update shard this layout cannot take
+                    continue
+                lay = wus
+                break
+        out.setdefault(lay.canonical(), lay)
+    return list(out.values())
 
 
 def enumerate_layouts(graph: Graph, mesh: Any, *, regions: bool = False) -> Iterator[Layout]:
