@@ -129,10 +129,11 @@ def test_palm_mfu_follows_from_its_throughput():
     assert r.tokens_per_s.value * per_token / (r.devices.value * peak) == pytest.approx(r.mfu.value, abs=2e-3)
 
 
-def test_mpt_mfu_follows_from_its_throughput():
+@pytest.mark.parametrize("name", ["mpt-70b-h100-64", "mpt-30b-h100-8"])
+def test_mpt_mfu_follows_from_its_throughput(name):
     """llm-foundry's definition (benchmarking README): (3 · 2N·s + 3 · L·2·2·d·s²) FLOPs per
-    sequence at the measured sequences/s over 64 GPUs at the H100 bf16 dense peak."""
-    r = RUNS["mpt-70b-h100-64"]
+    sequence at the measured sequences/s over its GPUs at the H100 bf16 dense peak."""
+    r = RUNS[name]
     kw = r.model.as_kwargs()
     s, n = r.length.value, r.published_params.value
     per_seq = 3 * 2 * n * s + 3 * kw["n_layers"] * 2 * 2 * kw["d_model"] * s * s

@@ -12,7 +12,7 @@ Two kinds of entries (:attr:`PublishedRun.kind`):
 
 * ``"published"`` — a run with a published throughput or utilisation: Mesh-TensorFlow's
   4.9B LM on 512 TPUv2 cores, MaxText 32B/128B on TPU v5p, PaLM 540B on 6144 TPU v4,
-  MPT-70B on 64 H100 (llm-foundry), Megatron-LM GPT-3 175B on 96 and 4608 H100, NeMo
+  MPT-70B on 64 H100 and MPT-30B on one 8-GPU node (llm-foundry), Megatron-LM GPT-3 175B on 96 and 4608 H100, NeMo
   LLaMA-2-70B on 64 H100 (FP8);
 * ``"target"`` — a published model and batch on a machine that the issues ask autolayout
   to fit, with no published throughput there: GPT-3 175B on 4096 TPU v4, LLaMA-2-70B at
@@ -159,6 +159,9 @@ PALM = "Chowdhery et al. 2022, 'PaLM: Scaling Language Modeling with Pathways'"
 GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
 FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, table 'H100 80GB BF16', row 70b/64 GPUs"
 MPT_YAML = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-70b.yaml"
+FOUNDRY_30B = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md, table 'H100 80GB BF16', row 30b, "
+               "SeqLen 2048, 8 GPUs")
+MPT_30B_YAML = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-30b.yaml"
 MEGATRON = ("NVIDIA/Megatron-LM README.md, 'Training Speed and Scalability': strong scaling of the "
             "standard GPT-3 model, vocabulary 131,072, sequence length 4096, batch 1152 sequences")
 NEMO = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (NeMo 24.07 container, DGX-H100, "
@@ -292,6 +295,30 @@ _RUNS = (
         mfu=Cited(0.4257, f"{FOUNDRY}: MFU 42.57"), hfu=Cited(0.5676, f"{FOUNDRY}: HFU 56.76"),
         tokens_per_s=Cited(66523, f"{FOUNDRY}: Throughput (T/s) 66523"),
         unsourced=("the inter-node network of the benchmark cluster",)),
+    PublishedRun(
+        name="mpt-30b-h100-8", kind="published",
+        title="MPT-30B (llm-foundry) on 8 H100 (one node), FSDP",
+        model=_model("transformer_lm", f"{MPT_30B_YAML}: d_model 7168, n_heads 56, n_layers 48, "
+                     "expansion_ratio 4, vocab_size 50368, max_seq_len 2048; batch = one micro-step of 8 GPUs x 3",
+                     "As for MPT-70B: the zoo model has no dense-layer biases and an untied output layer.",
+                     d_model=7168, d_ff=28672, heads=56, d_kv=128, n_layers=48, vocab=50368, batch=24,
+                     length=2048),
+        hardware="h100",
+        devices=Cited(8, FOUNDRY_30B),
+        mesh=Cited("gpu:8", f"{FOUNDRY_30B}: one 8-GPU node (NVLink); " + H100_NODE), slow_axis=None,
+        global_batch=Cited(504, f"{FOUNDRY_30B}: GlobalBatchSize 504"),
+        length=Cited(2048, f"{FOUNDRY_30B}: SeqLen 2048"),
+        microbatches=Cited(21, f"{FOUNDRY_30B}: GradAccum 21, MicroBatchSize 3"),
+        param_dtype=Cited("float32", f"{MPT_30B_YAML}: precision amp_bf16, fsdp_config.mixed_precision PURE"),
+        compute_dtype=Cited("bfloat16", f"{FOUNDRY_30B}: Precision amp_bf16"),
+        remat=Cited("full", f"{FOUNDRY_30B}: Activation Checkpointing True"),
+        parallelism=Parallelism(fsdp=8, sequence=False, source=f"{FOUNDRY_30B}: Sharding Strategy FULL_SHARD"),
+        published_params=Cited(29_975_214_080, f"{FOUNDRY_30B}: NumParams"),
+        mfu=Cited(0.3811, f"{FOUNDRY_30B}: MFU 38.11"), hfu=Cited(0.5082, f"{FOUNDRY_30B}: HFU 50.82"),
+        tokens_per_s=Cited(16022, f"{FOUNDRY_30B}: Throughput (T/s) 16022"),
+        notes="The same framework, precision, sharding and remat as the MPT-70B run, on one node: its "
+              "collectives stay on NVLink. benchmarks/published.py measures the framework's H100 "
+              "efficiency on it (calibrate_efficiency) and predicts the 64-GPU MPT-70B run with that."),
     *(PublishedRun(
         name=f"megatron-gpt3-175b-h100-{n}", kind="published",
         title=f"Megatron-LM GPT-3 175B on {n} H100 (strong scaling)",
