@@ -35,6 +35,20 @@ def _cumsum_step(x, w):
     return x * jnp.sum(jnp.cumsum(x @ w, axis=1))
 
 
+def _cumsum_search():
+    """``(graph, mesh, hardware, search tables, live points)`` of a 1024x1024 cumsum step on a
+    2x2 mesh: its output (x's shape) allocated for the whole call."""
+    from autolayout.core import Mesh
+    from autolayout.search.tables import Tables
+
+    xs = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    ws = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+    g = trace(_cumsum_step, xs, ws, dims=("a b", "b c"))
+    mesh, hw = Mesh.parse("rows:2,cols:2"), get_hardware("tpu-v3")
+    return g, mesh, hw, Tables(g, mesh, hw, regions=False), live_points(
+        g, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
+
+
 @pytest.mark.parametrize("n", [256, 64])
 def test_temporaries_held_in_the_output_allocation_where_they_fit(n):
     """x f32[128,128] (64 KiB, also the output's size), w f32[128,n]; h and its cumsum f32[128,n].
@@ -74,18 +88,11 @@ def test_search_meets_the_limit_with_outputs_allocated_for_the_whole_call():
     """The search's linear rows hold live sums only; a layout that meets them but whose output
     allocations put it over the limit is cut off by itself (search/solver.py), so the search still
     returns the fastest layout whose predicted memory fits, as enumerating every layout finds it."""
-    from autolayout.core import Mesh
     from autolayout.search import enumerate_layouts, search
     from autolayout.search.model import Decoded
     from autolayout.search.warm import sizes_of
-    from autolayout.search.tables import Tables
 
-    xs = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
-    ws = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
-    g = trace(_cumsum_step, xs, ws, dims=("a b", "b c"))
-    mesh, hw = Mesh.parse("rows:2,cols:2"), get_hardware("tpu-v3")
-    tables = Tables(g, mesh, hw, regions=False)
-    points = live_points(g, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
+    g, mesh, hw, tables, points = _cumsum_search()
     rows = []  # (time, predicted memory, live sums alone, layout)
     for lay in enumerate_layouts(g, mesh):
         c = predict(g, mesh, lay, hardware=hw)
@@ -100,3 +107,50 @@ def test_search_meets_the_limit_with_outputs_allocated_for_the_whole_call():
     r = search(g, mesh, hardware=hw, memory_limit=limit, shard_weight_update=False, regions=False, remat="none")
     assert r.cost.memory_bytes <= limit
     assert r.cost.time_s == pytest.approx(fits[0][0], rel=1e-9)
+
+
+def _feasible(lm, axes_of) -> bool:
+    """Whether ``lm`` admits the layout ``axes_of`` (every ``x[d, m]`` fixed to it)."""
+    from ortools.sat.python import cp_model
+
+    for (d, a), v in lm.x.items():
+        lm.model.Add(v == int(a in axes_of.get(d, ())))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    return solver.Solve(lm.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def test_output_row_admits_every_layout_within_its_limit():
+    """The search's relaxation of the output allocations (``LayoutModel.add_output_row``) is a
+    true constraint: for every layout of the step and every point where its output is not yet
+    written, the row at that layout's exact bytes there (``total_at``: live bytes plus the output
+    allocation less what ``outputs.output_placement`` puts in it, checked against ``predict``
+    above) admits the layout, as the model without the row does (symmetry breaking may exclude a
+    layout either way). And it says more than the live bytes: at a limit that the live bytes
+    meet and the exact figure does not, it cuts off some layouts by itself."""
+    from autolayout.search import enumerate_layouts
+    from autolayout.search.liveness import total_at
+    from autolayout.search.model import Decoded, LayoutModel
+    from autolayout.search.warm import sizes_of
+
+    g, mesh, hw, tables, points = _cumsum_search()
+    checked = placed = cut = 0
+    for lay in enumerate_layouts(g, mesh):
+        axes_of = dict(lay.rules)
+        sizes = sizes_of(tables, [], Decoded(axes_of, {}, []))
+        if not _feasible(LayoutModel(tables, []), axes_of):
+            continue  # left out by symmetry breaking
+        for i, (temps, free) in enumerate(points.split()):
+            if not any(sizes.get(o, 0) for o in free):
+                continue
+            exact = total_at(points, sizes, i)
+            lm = LayoutModel(tables, [])
+            lm.add_output_row(points[i], temps, free, exact)
+            assert _feasible(lm, axes_of), (str(lay), i, exact)
+            checked += 1
+            live = sum(sizes.get(n, 0) for n in points[i])
+            placed += exact < live + sum(sizes.get(o, 0) for o in free)
+            lm = LayoutModel(tables, [])
+            lm.add_output_row(points[i], temps, free, live)
+            cut += not _feasible(lm, axes_of)
+    assert checked > 20 and placed > 0 and cut > 0  # some temporaries fit the output allocation

@@ -76,11 +76,11 @@ def test_the_old_rule_was_slower_than_no_storage_sharding_here():
     assert _time(g, mesh, hw, layout_of(tables, with_best_wus(tables, wus, {"batch": ("rows", "cols")}))) < bare
 
 
-def _mixer():
+def _mixer(donate: tuple[int, ...] = ()):
     """A Flax MLP-Mixer training step (token- and channel-mixing MLPs; clipped Adam with masked
     weight decay and a schedule, as optax.chain composes it): a model whose
     unconstrained fastest layouts are over half its replicated memory while data parallelism
-    fits under it."""
+    fits under it. ``donate``: the step's ``donate_argnums``."""
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
@@ -115,7 +115,8 @@ def _mixer():
         return optax.apply_updates(params, u), opt_state, loss
 
     return trace(step, params, opt_state, x, labels, dims={"x": "batch length embed", "labels": "batch"},
-                 roles={"params": "param", "opt_state": "opt_state", "x": "input", "labels": "input"})
+                 roles={"params": "param", "opt_state": "opt_state", "x": "input", "labels": "input"},
+                 donate_argnums=donate)
 
 
 def test_time_out_returns_a_warm_start_no_slower_than_a_fitting_layout_it_passed(monkeypatch):
@@ -136,3 +137,37 @@ def test_time_out_returns_a_warm_start_no_slower_than_a_fitting_layout_it_passed
     got = predict(g, mesh, str(r.layout), hardware=hw)
     assert got.memory_bytes <= limit
     assert got.time_s <= dp.time_s * (1 + 1e-9), (str(r.layout), got.time_s, dp.time_s)
+
+
+@pytest.mark.parametrize("donate", [(), (0, 1)], ids=["not-donated", "donated"])
+def test_time_out_after_output_cuts_advises_donating_the_state(monkeypatch, donate):
+    """A step that does not donate its state has outputs XLA allocates beside its arguments for
+    the whole call; a layout their bytes put over the limit is cut off alone (solver._add_rows).
+    When the time runs out after such cuts the result says how many and to donate the state; a
+    donated step has no such outputs and gets no such note. CP-SAT is stopped once the search has
+    cut off its first layout (monkeypatch), or after 8 solves where it cuts none."""
+    from autolayout.search import solver
+
+    real_exclude, real_status, cuts, solves = solver.exclude, solver._status, [], []
+
+    def exclude(lm, point, **kw):
+        cuts.append(point)
+        return real_exclude(lm, point, **kw)
+
+    def status(code, model=None):  # UNKNOWN from then on, as in the test above
+        if model is not None:
+            solves.append(1)
+        return "UNKNOWN" if model is not None and (cuts or len(solves) > 8) else real_status(code, model)
+
+    monkeypatch.setattr(solver, "exclude", exclude)
+    monkeypatch.setattr(solver, "_status", status)
+    g, mesh, hw = _mixer(donate), "data:2,model:4", "tpu-v4"
+    limit = predict(g, mesh, "", hardware=hw).memory_bytes / 2
+    r = search(g, mesh, hardware=hw, memory_limit=limit, time_limit_s=600)
+    advice = [n for n in r.notes if "donate_argnums" in n]
+    if donate:
+        assert not cuts and not advice
+    else:
+        assert r.status == "FEASIBLE" and cuts
+        (note,) = advice
+        assert note.startswith(f"{len(cuts)} layouts were cut off one at a time") and "does not donate its state" in note

@@ -25,7 +25,8 @@ less the live temporaries they can hold): :func:`peak_of`. That term is not line
 layout (which temporary fits which allocation depends on their local sizes), so the
 search's rows are the live sums alone (:func:`live_peak_of`, a lower bound of it at every
 point) and ``search/solver.py`` cuts off a layout that meets them but not :func:`peak_of`
-(a no-good cut: exact, one layout at a time).
+(a no-good cut: exact, one layout at a time), and adds a linear relaxation of that point's
+output allocations (``search.model.LayoutModel.add_output_row``).
 
 The point where a computation reduces its gradients together also lists the
 :func:`held` bytes of its other gradient-reducing ops

@@ -146,6 +146,7 @@ class LayoutModel:
         if time_objective:
             self._time_objective()
         self.memory_rows: list[tuple[str, ...]] = []
+        self.output_rows: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
 
     # -- variables --------------------------------------------------------------------
     def onehot(self, dims: tuple[str, ...]) -> list:
@@ -396,6 +397,68 @@ class LayoutModel:
         lowest = const + sum(min(c, 0) for c in coefs)
         self.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) <= limit - const)
         return lowest <= limit
+
+    def add_output_row(self, names: tuple[str, ...], temps: tuple[str, ...], free: tuple[str, ...],
+                       limit: int) -> None:
+        """Add a linear relaxation of a point's bytes where the step's outputs are allocated for
+        the whole call (``search.liveness.total_at``): its live bytes (``names``) plus the output
+        allocations not yet written (``free``) less the bytes of the live temporaries (``temps``)
+        they hold, ``<= limit``. How much they hold (``outputs.output_placement``: one temporary
+        per allocation, only into one at least its size) is not linear in the layout; here
+        temporaries and allocations are grouped by their bytes' expression, a group's temporaries
+        may go into a group's allocations only where the layout makes them fit (a literal that
+        enforces ``bytes(temporary) <= bytes(allocation)``), and the bytes moved between groups are
+        free variables bounded by what the temporaries have and the allocations take. Every
+        placement XLA can make is one of these, so the row is a true constraint (the solver picks
+        the most it can hold); it is weaker than the exact placement (several temporaries may share
+        an allocation's bytes), so the solver still cuts off by itself a layout it admits that is
+        over the limit. It cuts off the layouts whose temporaries are too large for the free
+        allocations at once, which the one-layout cuts took one at a time."""
+        self.output_rows.append((names, temps, free))
+        m = self.model
+
+        def groups(ns) -> list[tuple[int, list, list, int, int, int]]:
+            found: dict[tuple, list] = {}
+            for n in ns:
+                vs, cs, const = self.memory_expr((n,))
+                if not vs and const == 0:
+                    continue
+                key = (tuple(v.Index() for v in vs), tuple(cs), const)
+                if key in found:
+                    found[key][0] += 1
+                else:
+                    found[key] = [1, vs, cs, const]
+            # (count, vars, coefs, constant, least bytes, most bytes)
+            return [(k, vs, cs, c, c + sum(min(x, 0) for x in cs), c + sum(max(x, 0) for x in cs))
+                    for k, vs, cs, c in found.values()]
+
+        def expr(vs, cs, const, times: int = 1):
+            return cp_model.LinearExpr.WeightedSum(vs, [times * c for c in cs]) + times * const
+
+        tg, og = groups(temps), groups(free)
+        moved = []
+        into: dict[int, list] = {}
+        for a, (nt, tv, tc, tk, tlo, thi) in enumerate(tg):
+            out_of = []
+            for b, (no, ov, oc, ok, olo, ohi) in enumerate(og):
+                if tlo > ohi or thi <= 0:  # never fits
+                    continue
+                z = m.NewIntVar(0, max(0, min(nt * thi, no * ohi)), "")
+                if thi > olo:  # fits only under some layouts
+                    f = m.NewBoolVar("")
+                    m.Add(expr(tv, tc, tk) <= expr(ov, oc, ok)).OnlyEnforceIf(f)
+                    m.Add(z == 0).OnlyEnforceIf(f.Not())
+                out_of.append(z)
+                into.setdefault(b, []).append(z)
+            if out_of:
+                m.Add(sum(out_of) <= expr(tv, tc, tk, nt))
+                moved += out_of
+        for b, zs in into.items():
+            no, ov, oc, ok, _, _ = og[b]
+            m.Add(sum(zs) <= expr(ov, oc, ok, no))
+        vs, cs, const = self.memory_expr(names)
+        allocations = sum(expr(ov, oc, ok, no) for no, ov, oc, ok, _, _ in og) if og else 0
+        m.Add(cp_model.LinearExpr.WeightedSum(vs, cs) + const + allocations - sum(moved) <= limit)
 
     # -- decoding, hints -------------------------------------------------------------------
     def decode(self, value) -> Decoded:
