@@ -204,6 +204,39 @@ def _maxtext(scale: int, tflops: float, mfu: float, slice_: str, chips: int, top
         notes="MFU is MaxText's own model-FLOPs count per chip over the v5p bf16 peak (459 TFLOP/s).")
 
 
+def _foundry(size: int, gpus: int, table: str, yaml: str, shape: dict, *, micro_batch: int, grad_accum: int,
+             global_batch: int, params: int, mfu: float, hfu: float, tokens_per_s: float, shape_note: str,
+             differences: str, unsourced: tuple = (), notes: str = "") -> PublishedRun:
+    """A row of llm-foundry's H100 BF16 benchmark table (``table`` cites it) for the MPT model of
+    ``yaml``: FSDP FULL_SHARD over every GPU, amp_bf16 with PURE mixed precision, activation
+    checkpointing per block; the batch is one micro-step of every GPU."""
+    one_node = gpus == 8
+    return PublishedRun(
+        name=f"mpt-{size}b-h100-{gpus}", kind="published",
+        title=f"MPT-{size}B (llm-foundry) on {gpus} H100{' (one node)' if one_node else ''}, FSDP",
+        model=_model("transformer_lm", f"{yaml}: {shape_note}, expansion_ratio 4, vocab_size 50368, "
+                     f"max_seq_len 2048; batch = one micro-step of {gpus} GPUs x {micro_batch}", differences,
+                     d_model=shape["d_model"], d_ff=4 * shape["d_model"], heads=shape["heads"], d_kv=128,
+                     n_layers=shape["n_layers"], vocab=50368, batch=gpus * micro_batch, length=2048),
+        hardware="h100",
+        devices=Cited(gpus, table),
+        mesh=(Cited("gpu:8", f"{table}: one 8-GPU node (NVLink); " + H100_NODE) if one_node
+              else Cited(f"node:{gpus // 8},gpu:8", H100_NODE)),
+        slow_axis=None if one_node else "node",
+        global_batch=Cited(global_batch, f"{table}: GlobalBatchSize {global_batch}"),
+        length=Cited(2048, f"{table}: SeqLen 2048"),
+        microbatches=Cited(grad_accum, f"{table}: GradAccum {grad_accum}, MicroBatchSize {micro_batch}"),
+        param_dtype=Cited("float32", f"{yaml}: precision amp_bf16, fsdp_config.mixed_precision PURE "
+                                     "(float32 master weights, bf16 compute and communication)"),
+        compute_dtype=Cited("bfloat16", f"{table}: Precision amp_bf16"),
+        remat=Cited("full", f"{table}: Activation Checkpointing True (per block)"),
+        parallelism=Parallelism(fsdp=gpus, sequence=False, source=f"{table}: Sharding Strategy FULL_SHARD"),
+        published_params=Cited(params, f"{table}: NumParams"),
+        mfu=Cited(mfu / 100, f"{table}: MFU {mfu:g}"), hfu=Cited(hfu / 100, f"{table}: HFU {hfu:g}"),
+        tokens_per_s=Cited(tokens_per_s, f"{table}: Throughput (T/s) {tokens_per_s:g}"),
+        unsourced=unsourced, notes=notes)
+
+
 _RUNS = (
     PublishedRun(
         name="mtf-4.9b-tpuv2-512", kind="published",
@@ -269,56 +302,21 @@ _RUNS = (
         unsourced=("dtypes", "remat policy", "per-pod slice shape", "whether the batch of the MFU figure "
                    "was 2048 (the last stage of the batch schedule)"),
         notes="The throughput is for the training run; the batch grew from 512 to 2048 sequences."),
-    PublishedRun(
-        name="mpt-70b-h100-64", kind="published",
-        title="MPT-70B (llm-foundry) on 64 H100, FSDP",
-        model=_model("transformer_lm", f"{MPT_YAML}: d_model 8192, n_heads 64, n_layers 80, expansion_ratio 4, "
-                     "vocab_size 50368, max_seq_len 2048; batch = one micro-step of 64 GPUs x 8",
-                     "The published count (64,862,437,376) is that of learned positions, biases in every "
-                     "dense layer and layer norm, and an output layer tied to the embedding; the zoo model "
-                     "has no dense-layer biases (-9 x 8192 per layer) and an untied output layer "
-                     "(+50368 x 8192): 65,269,153,792.",
-                     d_model=8192, d_ff=32768, heads=64, d_kv=128, n_layers=80, vocab=50368, batch=512,
-                     length=2048),
-        hardware="h100",
-        devices=Cited(64, FOUNDRY),
-        mesh=Cited("node:8,gpu:8", H100_NODE), slow_axis="node",
-        global_batch=Cited(2048, f"{FOUNDRY}: GlobalBatchSize 2048"),
-        length=Cited(2048, f"{FOUNDRY}: SeqLen 2048"),
-        microbatches=Cited(4, f"{FOUNDRY}: GradAccum 4, MicroBatchSize 8"),
-        param_dtype=Cited("float32", f"{MPT_YAML}: precision amp_bf16, fsdp_config.mixed_precision PURE "
-                                     "(float32 master weights, bf16 compute and communication)"),
-        compute_dtype=Cited("bfloat16", f"{FOUNDRY}: Precision amp_bf16"),
-        remat=Cited("full", f"{FOUNDRY}: Activation Checkpointing True (per block)"),
-        parallelism=Parallelism(fsdp=64, sequence=False, source=f"{FOUNDRY}: Sharding Strategy FULL_SHARD"),
-        published_params=Cited(64_862_437_376, f"{FOUNDRY}: NumParams"),
-        mfu=Cited(0.4257, f"{FOUNDRY}: MFU 42.57"), hfu=Cited(0.5676, f"{FOUNDRY}: HFU 56.76"),
-        tokens_per_s=Cited(66523, f"{FOUNDRY}: Throughput (T/s) 66523"),
-        unsourced=("the inter-node network of the benchmark cluster",)),
-    PublishedRun(
-        name="mpt-30b-h100-8", kind="published",
-        title="MPT-30B (llm-foundry) on 8 H100 (one node), FSDP",
-        model=_model("transformer_lm", f"{MPT_30B_YAML}: d_model 7168, n_heads 56, n_layers 48, "
-                     "expansion_ratio 4, vocab_size 50368, max_seq_len 2048; batch = one micro-step of 8 GPUs x 3",
-                     "As for MPT-70B: the zoo model has no dense-layer biases and an untied output layer.",
-                     d_model=7168, d_ff=28672, heads=56, d_kv=128, n_layers=48, vocab=50368, batch=24,
-                     length=2048),
-        hardware="h100",
-        devices=Cited(8, FOUNDRY_30B),
-        mesh=Cited("gpu:8", f"{FOUNDRY_30B}: one 8-GPU node (NVLink); " + H100_NODE), slow_axis=None,
-        global_batch=Cited(504, f"{FOUNDRY_30B}: GlobalBatchSize 504"),
-        length=Cited(2048, f"{FOUNDRY_30B}: SeqLen 2048"),
-        microbatches=Cited(21, f"{FOUNDRY_30B}: GradAccum 21, MicroBatchSize 3"),
-        param_dtype=Cited("float32", f"{MPT_30B_YAML}: precision amp_bf16, fsdp_config.mixed_precision PURE"),
-        compute_dtype=Cited("bfloat16", f"{FOUNDRY_30B}: Precision amp_bf16"),
-        remat=Cited("full", f"{FOUNDRY_30B}: Activation Checkpointing True"),
-        parallelism=Parallelism(fsdp=8, sequence=False, source=f"{FOUNDRY_30B}: Sharding Strategy FULL_SHARD"),
-        published_params=Cited(29_975_214_080, f"{FOUNDRY_30B}: NumParams"),
-        mfu=Cited(0.3811, f"{FOUNDRY_30B}: MFU 38.11"), hfu=Cited(0.5082, f"{FOUNDRY_30B}: HFU 50.82"),
-        tokens_per_s=Cited(16022, f"{FOUNDRY_30B}: Throughput (T/s) 16022"),
-        notes="The same framework, precision, sharding and remat as the MPT-70B run, on one node: its "
-              "collectives stay on NVLink. benchmarks/published.py measures the framework's H100 "
-              "efficiency on it (calibrate_efficiency) and predicts the 64-GPU MPT-70B run with that."),
+    _foundry(70, 64, FOUNDRY, MPT_YAML, dict(d_model=8192, heads=64, n_layers=80), micro_batch=8, grad_accum=4,
+             global_batch=2048, params=64_862_437_376, mfu=42.57, hfu=56.76, tokens_per_s=66523,
+             shape_note="d_model 8192, n_heads 64, n_layers 80",
+             differences="The published count (64,862,437,376) is that of learned positions, biases in every "
+                         "dense layer and layer norm, and an output layer tied to the embedding; the zoo model "
+                         "has no dense-layer biases (-9 x 8192 per layer) and an untied output layer "
+                         "(+50368 x 8192): 65,269,153,792.",
+             unsourced=("the inter-node network of the benchmark cluster",)),
+    _foundry(30, 8, FOUNDRY_30B, MPT_30B_YAML, dict(d_model=7168, heads=56, n_layers=48), micro_batch=3,
+             grad_accum=21, global_batch=504, params=29_975_214_080, mfu=38.11, hfu=50.82, tokens_per_s=16022,
+             shape_note="d_model 7168, n_heads 56, n_layers 48",
+             differences="As for MPT-70B: the zoo model has no dense-layer biases and an untied output layer.",
+             notes="The same framework, precision, sharding and remat as the MPT-70B run, on one node: its "
+                   "collectives stay on NVLink. benchmarks/published.py measures the framework's H100 "
+                   "efficiency on it (calibrate_efficiency) and predicts the 64-GPU MPT-70B run with that."),
     *(PublishedRun(
         name=f"megatron-gpt3-175b-h100-{n}", kind="published",
         title=f"Megatron-LM GPT-3 175B on {n} H100 (strong scaling)",

@@ -227,11 +227,13 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
             lm.model.Add(lm.objective <= u)
         return lm
 
-    def build(rows: list, output_rows: list, upper: int | None) -> LayoutModel:
+    def rebuild(prev: LayoutModel, upper: int | None) -> LayoutModel:
+        """A fresh model with ``prev``'s memory and output rows and the layouts found so far excluded,
+        pruned at ``upper`` units when given."""
         lm = bounded(LayoutModel(tables, wus))
-        for names in rows:
+        for names in prev.memory_rows:
             lm.add_memory_row(names, limit)
-        for names, temps, free in output_rows:
+        for names, temps, free in prev.output_rows:
             lm.add_output_row(names, temps, free, limit)
         for sol in out:
             exclude(lm, sol.point, storage=distinct_storage)
@@ -255,7 +257,7 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
         sol = _solve_next(tables, wus, lm, memory_limit, points, limit, peak, warm, warm_fits, state, start,
                           time_limit_s, workers, seed, first=not out)
         if sol == NO_OTHER and state["upper"] is not None:  # only the pruned model is exhausted
-            lm = build(lm.memory_rows, lm.output_rows, None)
+            lm = rebuild(lm, None)
             state["upper"] = None
             continue
         if isinstance(sol, str):  # no further point: why
@@ -264,7 +266,7 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
             break
         units = lm.units(sol.point)
         if state["upper"] is not None and units > state["upper"]:  # see the docstring
-            lm = build(lm.memory_rows, lm.output_rows, units)
+            lm = rebuild(lm, units)
             state["upper"], state["hint"] = units, sol.point
             continue
         out.append(sol)
