@@ -49,6 +49,12 @@ the copies of its operands whose originals outlive it: from the operand's produc
 a value computed in the step (:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
 (:func:`~autolayout.costmodel.copies.copy_transient_bytes`).
 
+A contraction (or reduction) whose output is partial runs as two instructions, the dot writing
+the partial sums while its inputs are live, then the collective writing the reduced result, and
+buffer assignment frees an input the dot read for the last time before that result is allocated:
+an op of :func:`split_reductions` counts the larger of ``inputs + partial sums`` and ``partial sums
++ result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``).
+
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
 gradient (:func:`combined_reductions`, per computation: the top level and each scan body)
@@ -76,6 +82,7 @@ the bfloat16 operands of a contraction and an einsum's result in float32 buffers
 from __future__ import annotations
 
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.core import Mesh
@@ -90,8 +97,8 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes",
-           "operand_copy_bytes"]
+__all__ = ["peak_memory", "transient_bytes", "partial_bytes", "split_reductions", "held_bytes", "combined_reductions",
+           "stored_itemsize", "stored_bytes", "operand_copy_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -122,13 +129,22 @@ def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
       the reduce-scatter of its ``hidden`` dim; ``tests/test_memory_rules.py``).
 
     ``predict`` and the search's memory rows both count this (one rule)."""
+    return int(p.temp_bytes + partial_bytes(p, op, mesh, hardware))
+
+
+def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """The part of :func:`transient_bytes` that the reduction of ``p``'s partial output holds:
+    the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
+    before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
+    Where :func:`split_reductions` lists the op, :func:`peak_memory` counts these in the
+    reduction's own phase, after the contraction has freed its inputs."""
     extra = _partial_bytes(p, op, mesh, hardware)
     if extra and hardware.reduce_scatter_copies:
         sizes = {d.name: d.size for d in op.dims}
         lead = [d for d in p.computed.dims if p.computed.local_size(d, sizes[d], mesh) > 1][:1]
         if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
             extra *= 2
-    return int(p.temp_bytes + extra)
+    return int(extra)
 
 
 def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
@@ -251,11 +267,49 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
     return out
 
 
+@lru_cache(maxsize=256)
+def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
+    """The ops whose reduction :func:`peak_memory` counts in a phase of its own, each with the
+    tensors it reads for the last time (freed between its two phases).
+
+    XLA runs a contraction (or reduction) whose output is partial as two instructions: the
+    ``dot`` writes the partial sums into a buffer of their own while its inputs are live, then
+    the collective (``all-reduce``, ``reduce-scatter``) writes the reduced result into another,
+    and buffer assignment frees an input read for the last time by the dot before the
+    collective's result is allocated (``HloLiveRange``: a value lives from its defining
+    instruction to its last use). So the op holds ``inputs + partial sums`` and then
+    ``partial sums + result``, never the three together. Listed: the reducing ops
+    (``storage.REDUCING``'s einsums and reductions) whose output takes memory of its own and is
+    an intermediate of the step, neither one of its outputs nor on a parameter's gradient path
+    (:func:`combined_reductions`: those keep their partial sums for the combined reduction where
+    the backend has one, and their bytes change with the parameter's storage options)."""
+    outputs = {s.tensor for s in graph.outputs if s.tensor} | set(getattr(graph, "donated", {}))
+    gradient = {o for _, ops in combined_reductions(graph).values() for o in ops}
+
+    def listed(n: str) -> bool:
+        op = graph.op(n)
+        return (op.kind in ("einsum", "reduce") and op.materialised and n not in outputs and n not in gradient
+                and op.output.role not in ("input", "param", "opt_state"))
+
+    units, alloc, free = lifetimes(graph)
+    out: dict[str, tuple[str, ...]] = {}
+    for i, u in enumerate(units):
+        if isinstance(u, Loop):
+            order, last = body_lifetimes(graph, u)
+            for j, n in enumerate(u.body):
+                if listed(n):
+                    out[n] = tuple(m for m in u.body if last[m] == j and order[m] < j)
+        elif listed(u) and u in alloc:
+            out[u] = tuple(m for m in alloc if free[m] == i and alloc[m] < i)
+    return MappingProxyType(out)
+
+
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
                 gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
-                groups: Mapping[str | None, tuple] | None = None) -> tuple[int, dict]:
+                groups: Mapping[str | None, tuple] | None = None,
+                partials: Mapping[str, int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -269,15 +323,21 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     a top-level value there throughout converted at the step's start; counted as ``transient``),
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
-    ops)``), whose ops hold ``held[op]`` there too."""
+    ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the part of ``temps[op]``
+    its reduction holds (:func:`partial_bytes`); an op of :func:`split_reductions` with some
+    counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
+    partial sums; the result is not allocated yet) and ``live - last reads - conversions and
+    copies freed there + partials`` (the collective)."""
     temps = temps or {}
     held = held or {}
+    phases = _Phases(graph, size, partials or {})
     spans = _spans(graph, copies or {}, gathered or {}, early)
     combined: dict[str | None, tuple] = {k: (v,) for k, v in combined_reductions(graph).items()}
     for k, gs in (groups or {}).items():
         combined[k] = combined.get(k, ()) + tuple(gs)
     units, alloc, free = lifetimes(graph)
-    whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined)  # outputs allocated for the whole call
+    whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
+                         phases)  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None, ()), units, held)
@@ -291,36 +351,80 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         delta[start] += b
         delta[stop + 1] -= b
     best, best_at, running = -1, 0, 0
-    bodies = {}
+    runs, bodies = [], {}
     for i, u in enumerate(units):
         running += delta[i]
+        runs.append(running)
         total = running
         if isinstance(u, Loop):
             bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name, ()), u.body, held),
-                                   spans.get(u.name, ()))
+                                   spans.get(u.name, ()), phases)
             total += bodies[i][0]
         else:
             total += temps.get(u, 0) + waiting.get(i, 0)
+            if phases.listed(u):
+                total = max(phases.totals(u, total, running, waiting.get(i, 0), spans.get(None, ()), i))
         if total > best:
             best, best_at = total, i
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
-    body_live, body_op, body_at = bodies.get(best_at, (0, [], None, 0))[1:]
-    for n in live + list(body_live):
-        breakdown[category[n]] += size[n]
-    here = _copies_at(spans.get(None, ()), best_at)
-    if isinstance(units[best_at] if units else None, Loop):
-        here += _copies_at(spans.get(units[best_at].name, ()), body_at)
-    for what, b in here:
-        breakdown["activations" if what == "copy" else "transient"] += b
     unit = units[best_at] if units else None
     if isinstance(unit, Loop):
-        breakdown["transient"] = (temps.get(body_op, 0)
-                                  + _waiting(combined.get(unit.name, ()), unit.body, held).get(body_at, 0))
+        body_live, body_op, body_at, transient, body_freed = bodies[best_at][1:]
+        here = _copies_at(spans.get(None, ()), best_at) + _copies_at(spans.get(unit.name, ()), body_at,
+                                                                     not body_freed)
     else:
-        breakdown["transient"] = temps.get(unit, 0) + waiting.get(best_at, 0)
+        body_live, ending = [], True
+        transient = temps.get(unit, 0) + waiting.get(best_at, 0)
+        if phases.listed(unit):
+            live, transient, ending = phases.at_peak(unit, live, transient, runs[best_at], waiting.get(best_at, 0),
+                                                     spans.get(None, ()), best_at)
+        here = _copies_at(spans.get(None, ()), best_at, ending)
+    for n in live + list(body_live):
+        breakdown[category[n]] += size[n]
+    for what, b in here:
+        breakdown["activations" if what == "copy" else "transient"] += b
+    breakdown["transient"] = transient
     return max(best, 0), breakdown
+
+
+class _Phases:
+    """The two phases of the ops of :func:`split_reductions` (:func:`peak_memory`): the
+    contraction (``live - output + temps``: the partial sums are written, the result not yet
+    allocated) and the collective (``live - the op's last reads - the conversions and copies
+    freed after it + partials``)."""
+
+    def __init__(self, graph: Graph, size: Mapping[str, int], partials: Mapping[str, int]) -> None:
+        self.split = split_reductions(graph)
+        self.size, self.partials = size, partials
+
+    def listed(self, op) -> bool:
+        """Whether ``op`` is counted in two phases (:func:`split_reductions`; where its layout
+        reduces nothing, the contraction's phase is the op's whole count and the other one less)."""
+        return op in self.split
+
+    def result(self, op: str) -> int:
+        """Bytes of ``op``'s output in its contraction's phase: none while it writes partial sums."""
+        return 0 if self.partials.get(op, 0) else self.size.get(op, 0)
+
+    def totals(self, op: str, total: int, running: int, waiting: int, spans, i: int) -> tuple[int, int]:
+        """``(contraction, collective)`` bytes at ``op``'s position ``i``, where one phase
+        counts ``total`` (``running`` live bytes, spans included, + the op's temps +
+        ``waiting`` held bytes)."""
+        ending = sum(b for _, stop, b, _ in spans if stop == i)
+        return (total - self.size.get(op, 0) + self.result(op),
+                running - sum(self.size.get(n, 0) for n in self.split[op]) - ending + self.partials.get(op, 0)
+                + waiting)
+
+    def at_peak(self, op: str, live: list, transient: int, running: int, waiting: int, spans, i: int
+                ) -> tuple[list, int, bool]:
+        """``(live tensors, transient bytes, whether spans ending at i are live)`` at the peak."""
+        contraction, collective = self.totals(op, running + transient, running, waiting, spans, i)
+        if contraction >= collective:
+            return [n for n in live if n != op or self.result(op)], transient, True
+        gone = set(self.split[op])
+        return [n for n in live if n not in gone], self.partials.get(op, 0) + waiting, False
 
 
 def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
@@ -333,11 +437,13 @@ def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
 
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
-               waiting: Mapping[int, int], spans=()) -> tuple[int, list, str | None, int]:
+               waiting: Mapping[int, int], spans=(), phases: _Phases | None = None
+               ) -> tuple[int, list, str | None, int, int, bool]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
     with the transient bytes of the op running there (and the ``waiting`` held bytes of the
-    body's combined reduction, and the operand copies ``spans`` of :func:`copy_span_bytes`); the
-    live tensors, that op and its position."""
+    body's combined reduction, and the operand copies ``spans`` of :func:`copy_span_bytes`; an op
+    of ``phases`` in its larger phase); the live tensors, that op, its position, the transient
+    bytes there and whether the peak is a collective's phase (spans ending there freed)."""
     order, last = body_lifetimes(graph, lp)
     end = len(lp.body)
     delta = [0] * (end + 2)
@@ -348,25 +454,38 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
         delta[start] += b
         delta[stop + 1] -= b
     best, best_at, running = 0, 0, 0
+    runs = []
     for i in range(end):
         running += delta[i]
-        total = running + temps.get(lp.body[i], 0) + waiting.get(i, 0)
+        runs.append(running)
+        op = lp.body[i]
+        total = running + temps.get(op, 0) + waiting.get(i, 0)
+        if phases is not None and phases.listed(op):
+            total = max(phases.totals(op, total, running, waiting.get(i, 0), spans, i))
         if total > best:
             best, best_at = total, i
-    return (best, [n for n in lp.body if order[n] <= best_at <= last[n]], (lp.body[best_at] if end else None),
-            best_at)
+    if not end:
+        return best, [], None, 0, 0, False
+    op = lp.body[best_at]
+    live = [n for n in lp.body if order[n] <= best_at <= last[n]]
+    transient = temps.get(op, 0) + waiting.get(best_at, 0)
+    ending = True
+    if phases is not None and phases.listed(op):
+        live, transient, ending = phases.at_peak(op, live, transient, runs[best_at], waiting.get(best_at, 0), spans,
+                                                 best_at)
+    return best, live, op, best_at, transient, not ending
 
 
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
-                 spans: Mapping[str | None, list], combined: Mapping) -> tuple[int, dict] | None:
+                 spans: Mapping[str | None, list], combined: Mapping, phases: _Phases) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
     bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
     :func:`copy_span_bytes` live there) plus ``outputs.unplaced_output_bytes`` of
-    the outputs not yet written there (``combined``: :func:`combined_reductions`). The points are
-    those of ``search.liveness.live_points``.
+    the outputs not yet written there (``combined``: :func:`combined_reductions`), an op of
+    ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
@@ -386,15 +505,22 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
 
     for i, loop, j, op, live in schedule_points(graph):
         top = _copies_at(spans.get(None, ()), i)
-        if loop is None:
-            point(i, list(live), [("transient", temps.get(op, 0))] + _held_at(combined.get(None, ()), units, i, held)
-                  + top)
-        elif op is None:  # an empty body
+        if loop is not None and op is None:  # an empty body
             point(i, list(live), top)
-        else:
-            point(i, list(live), [("transient", temps.get(op, 0))]
-                  + _held_at(combined.get(loop, ()), graph.loops[loop].body, j, held) + top
-                  + _copies_at(spans.get(loop, ()), j))
+            continue
+        body = () if loop is None else graph.loops[loop].body
+        held_here = _held_at(combined.get(loop, ()), units if loop is None else body, i if loop is None else j, held)
+        own = () if loop is None else _copies_at(spans.get(loop, ()), j)
+        point(i, [n for n in live if n != op or not phases.listed(op) or phases.result(op)],
+              [("transient", temps.get(op, 0))] + held_here + top + list(own))
+        if phases.listed(op):  # the collective's phase of a split reduction (_Phases)
+            gone = set(phases.split[op])
+            if loop is None:
+                top = _copies_at(spans.get(None, ()), i, False)
+            else:
+                own = _copies_at(spans.get(loop, ()), j, False)
+            point(i, [n for n in live if n not in gone], [("transient", phases.partials.get(op, 0))] + held_here + top
+                  + list(own))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
@@ -412,9 +538,11 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     return max(total, 0), breakdown
 
 
-def _copies_at(spans, i: int) -> list[tuple[str, int]]:
-    """The buffers of :func:`_spans` live at position ``i`` (``(kind, bytes)``, one buffer each)."""
-    return [(what, b) for start, stop, b, what in spans if start <= i <= stop]
+def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
+    """The buffers of :func:`_spans` live at position ``i`` (``(kind, bytes)``, one buffer each);
+    without those whose last reader runs there unless ``ending`` (a split reduction's collective
+    phase, :class:`_Phases`)."""
+    return [(what, b) for start, stop, b, what in spans if start <= i <= stop and (ending or stop > i)]
 
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],

@@ -121,6 +121,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     rows, colls = [], []
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
+    partials: dict[str, int] = {}  # the reductions' part of temps (memory.split_reductions)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
@@ -134,6 +135,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             temps[op.name] = oc.transient_bytes + extra
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
+        if oc.partial_bytes:
+            partials[op.name] = oc.partial_bytes
         if oc.operand_copy_bytes:
             copies[op.name] = oc.operand_copy_bytes
         if any(oc.span_bytes):
@@ -159,7 +162,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
     mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
-                                     groups=combined_all_reduces(graph, p.ops, hw))
+                                     groups=combined_all_reduces(graph, p.ops, hw), partials=partials)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -18,6 +18,11 @@ from the operand's producer to its dot) and the converted copies that later read
 (:func:`gathered`: ``sharing.spans``, from where the schedule runs the conversion to the last
 reader).
 
+An op of ``memory.split_reductions`` gives two points, as ``predict`` counts it: the contraction's
+(its output listed as :func:`result`, 0 bytes where the layout makes it write partial sums) and the
+collective's (without the tensors it reads for the last time and the copies freed after it, with
+its :func:`partial` sums).
+
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
 ``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
@@ -47,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.combine import held_pairs
-from autolayout.costmodel.memory import combined_reductions
+from autolayout.costmodel.memory import combined_reductions, split_reductions
 
 from autolayout.costmodel.copies import copy_spans
 
@@ -57,6 +62,7 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "transient", "is_transient", "held", "is_held",
+           "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined"]
 
@@ -65,6 +71,8 @@ _HELD = "\x00held:"
 _COPY = "\x00copy:"
 _GATHERED = "\x00gathered:"
 _COMBINED = "\x00combined:"
+_PARTIAL = "\x00partial:"
+_RESULT = "\x00result:"
 
 
 def transient(op: str) -> str:
@@ -76,6 +84,28 @@ def transient(op: str) -> str:
 
 def is_transient(name: str) -> bool:
     return name.startswith(_TRANSIENT)
+
+
+def partial(op: str) -> str:
+    """The name under which the live set of the collective's phase of a split reduction
+    (``memory.split_reductions``) lists the partial sums ``op`` reduces there
+    (``memory.partial_bytes``; 0 where its layout reduces nothing)."""
+    return _PARTIAL + op
+
+
+def is_partial(name: str) -> bool:
+    return name.startswith(_PARTIAL)
+
+
+def result(op: str) -> str:
+    """The name under which the live set of the contraction's phase of a split reduction lists
+    ``op``'s output in place of the tensor: its bytes where the layout reduces nothing, 0 where
+    the op writes partial sums (the reduced result is not allocated yet)."""
+    return _RESULT + op
+
+
+def is_result(name: str) -> bool:
+    return name.startswith(_RESULT)
 
 
 def held(op: str) -> str:
@@ -131,12 +161,16 @@ def is_combined(name: str) -> bool:
 
 
 def op_of(name: str) -> str:
-    """The op of a :func:`transient`, :func:`held`, :func:`copy` or :func:`gathered` name."""
+    """The op of a :func:`transient`, :func:`held`, :func:`partial`, :func:`result`, :func:`copy` or
+    :func:`gathered` name."""
     if is_copy(name):
         return name[len(_COPY):].split(":", 1)[1]
     if is_gathered(name):
         return name[len(_GATHERED):].split("\x00", 1)[0]
-    return name[len(_HELD if is_held(name) else _TRANSIENT):]
+    for prefix in (_HELD, _PARTIAL, _RESULT, _TRANSIENT):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    raise ValueError(f"op_of: {name!r} is not a name of an op's bytes")
 
 
 class LivePoints(list):
@@ -177,6 +211,7 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     gradients = combined_reductions(graph)
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
+    split = split_reductions(graph)
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
     for m, o in held_pairs(graph) if combines else ():
@@ -184,23 +219,34 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     seen: set[tuple[str, ...]] = set()
     points: list[tuple[str, ...]] = []
 
-    def add(names: list[str], op: str | None, waiting: tuple[str, ...] = (), copies: tuple[str, ...] = ()) -> None:
-        key = (tuple(sorted(names, key=rank.__getitem__)) + ((transient(op),) if op else ())
+    def add(names: list[str], op: str | None, waiting: tuple[str, ...] = (), copies: tuple[str, ...] = (),
+            own: tuple[str, ...] | None = None) -> None:
+        key = (tuple(sorted(names, key=rank.__getitem__)) + (own if own is not None else (transient(op),) if op else ())
                + tuple(held(o) for o in waiting) + copies + tuple(waiting_at.get(op, ())))
         if key not in seen:
             seen.add(key)
             points.append(key)
 
-    def copies_at(loop: str | None, i: int) -> tuple[str, ...]:
-        return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop)
-                + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ()) if start <= i <= stop))
+    def copies_at(loop: str | None, i: int, ending: bool = True) -> tuple[str, ...]:
+        return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop and (ending or stop > i))
+                + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ())
+                        if start <= i <= stop and (ending or stop > i)))
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)
         if loop is None or op is None:  # a top-level op, or an empty loop body
-            add(list(live), op, _waiting(gradients.get(None), units, i), top)
+            waiting, copies = _waiting(gradients.get(None), units, i), top
         else:
-            add(list(live), op, _waiting(gradients.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j))
+            waiting, copies = _waiting(gradients.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j)
+        if op not in split:
+            add(list(live), op, waiting, copies)
+            continue
+        # a split reduction (memory.split_reductions): the contraction's phase, its output as result(op),
+        # then the collective's, without the op's last reads and the copies freed after it
+        add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)))
+        gone = set(split[op])
+        freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
+        add([n for n in live if n not in gone], op, waiting, freed, (partial(op),))
     return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
 
 

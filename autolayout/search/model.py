@@ -46,7 +46,7 @@ from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
 from autolayout.search.liveness import (copy_operand, gathered_tensor, is_combined, is_copy, is_gathered, is_held,
-                                       is_transient, op_of)
+                                       is_partial, is_result, is_transient, op_of)
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -347,6 +347,10 @@ class LayoutModel:
         for n in names:
             if is_transient(n):  # bytes the running op holds (storage options add their own)
                 dims, vec = tables.transient_bytes(graph.op(op_of(n)))
+            elif is_partial(n):  # a split reduction's partial sums in its collective's phase
+                dims, vec, _ = tables.phase_bytes(graph.op(op_of(n)))
+            elif is_result(n):  # a split reduction's output in its contraction's phase
+                dims, _, vec = tables.phase_bytes(graph.op(op_of(n)))
             elif is_held(n):  # bytes a gradient-reducing op holds until the combined reduction
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
             elif is_copy(n):  # a dot operand copy live before its dot

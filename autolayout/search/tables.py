@@ -104,6 +104,7 @@ class Tables:
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
+        self._phases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
         self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
@@ -235,6 +236,24 @@ class Tables:
                 [oc.transient_bytes + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
                  for oc in costs], dtype=np.int64)
         return dims, hit
+
+    def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """``(dims, partial, result)`` of a split reduction (``memory.split_reductions``), for
+        each assignment of the group of its dims, as ``predict`` counts them: the bytes of the
+        partial sums its collective's phase holds (``OpCost.partial_bytes``: 0 where nothing is
+        reduced) and those of its output in its contraction's phase (0 while it writes partial
+        sums, else the output's :meth:`tensor_bytes`)."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._phases.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            t = self.graph.tensor(op.name)
+            out_dims, out_bytes = self.tensor_dims(t), self.tensor_bytes(t)
+            partial = np.array([self.op_cost(op, dims, a).partial_bytes for a in g.assignments], dtype=np.int64)
+            result = np.array([0 if partial[i] else out_bytes[self.restrict(g.axes_of(i), out_dims)]
+                               for i in range(len(g.assignments))], dtype=np.int64)
+            hit = self._phases[op.name] = (partial, result)
+        return (dims, *hit)
 
     def copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``

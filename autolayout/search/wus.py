@@ -37,13 +37,13 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import held_bytes, stored_itemsize, transient_bytes
+from autolayout.costmodel.memory import held_bytes, partial_bytes, split_reductions, stored_itemsize, transient_bytes
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import gathered, held as held_name, transient
+from autolayout.search.liveness import gathered, held as held_name, partial as partial_name, result as result_name, transient
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -254,7 +254,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                         new[0] - old[0], {k: v for k, v in terms.items() if v},
                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
                         held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes,
-                        _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes))
+                        _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
+                        (partial_bytes(plan, op, mesh, hw), rules_alone.partial_bytes))
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
@@ -264,6 +265,12 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
                     dbytes[gathered(name, graph.op(name).inputs[k])] = b
+                if name in split_reductions(graph) and hit[5][0] != hit[5][1]:  # a split reduction's phases
+                    dbytes[partial_name(name)] = hit[5][0] - hit[5][1]
+                    if bool(hit[5][0]) != bool(hit[5][1]):  # the output: none while partial sums are written
+                        res = graph.tensor(name)
+                        b = int(tables.tensor_bytes(res)[tables.restrict(axes_of, tables.tensor_dims(res))])
+                        dbytes[result_name(name)] = -b if hit[5][0] else b
             for n, tdims in f.tensors:
                 key = (id(sh), n, tuple(axes_of.get(d, axes_of.get(base[d], ())) for d in tdims))
                 diff = tbytes.get(key)
