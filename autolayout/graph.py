@@ -511,6 +511,21 @@ class Graph:
             self._sched = tuple(self._compute_schedule())
         return self._sched
 
+    def with_schedule(self, units: Sequence[Any]) -> "Graph":
+        """This graph, everything shared, with its :attr:`schedule` in another order that respects
+        data flow: ``units`` are its top-level op names and :class:`Loop` s (bodies reordered too,
+        possibly). ``costmodel.order`` builds the order a backend runs. Raises ValueError otherwise."""
+        key = lambda us: sorted(u.name if isinstance(u, Loop) else u for u in us)  # noqa: E731
+        loops = {u.name: u for u in units if isinstance(u, Loop)}
+        if key(units) != key(self.schedule) or any(sorted(lp.body) != sorted(self.loops[n].body)
+                                                   for n, lp in loops.items()):
+            raise ValueError(f"with_schedule: units must be graph {self.name!r}'s schedule units (and each loop's "
+                             "body its ops), in another order")
+        view = object.__new__(Graph)
+        view.__dict__.update(self.__dict__)
+        view._sched, view.loops = tuple(units), loops
+        return view
+
     def evaluate(self, *args: Any) -> Any:
         """Run the graph unsharded, op by op, and return the traced function's outputs.
 

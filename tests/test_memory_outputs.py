@@ -11,6 +11,7 @@ import pytest
 from autolayout import predict, trace
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.order import memory_order
 from autolayout.search.liveness import live_peak_of, live_points, peak_of
 
 CPU = get_hardware("cpu")
@@ -78,7 +79,7 @@ def test_temporaries_held_in_the_output_allocation_where_they_fit(n):
         assert abs(got / xla - 1) < 0.02
     # the search's points give the same figure; their live sums alone (its linear rows) give liveness
     sizes = {t.name: t.size * F32 for t in g.tensors() if g.op(t.name).materialised}
-    points = live_points(g, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = live_points(memory_order(g, CPU), early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
     assert peak_of(points, sizes)[0] == got
     # (n=64: at the end, x, w, the output and the f32[] sum that scales it)
     assert live_peak_of(points, sizes)[0] == (64 * KIB + h + 2 * h if n == 256 else 160 * KIB + F32)

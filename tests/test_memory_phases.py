@@ -111,7 +111,7 @@ def test_search_live_sets_reproduce_predict_with_split_reductions(name, mesh, hw
     assert split_reductions(g)
     tables = Tables(g, mesh, hw)
     wus, _ = wus_options(tables)
-    points = live_points(g, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
+    points = live_points(tables.graph, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
     layouts = list(enumerate_layouts(g, mesh))
     split = 0
     for lay in random.Random(0).sample(layouts, min(8, len(layouts))):

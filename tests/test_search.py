@@ -198,7 +198,7 @@ def test_live_sets_reproduce_predict_memory(name, mesh):
     g, mesh = graph(name), Mesh.parse(mesh)
     tables = Tables(g, mesh, get_hardware("tpu-v3"))
     wus, _ = wus_options(tables)
-    points = live_points(g, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions)
+    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions)
     layouts = list(enumerate_layouts(g, mesh))
     for lay in layouts[:: max(1, len(layouts) // 12)]:
         # the layout, then with every parameter's storage sharded that can be, at each ZeRO stage
@@ -818,7 +818,7 @@ def test_memory_floor_with_storage_sharding_is_a_positive_lower_bound(name):
     tables = Tables(g, Mesh.parse("rows:2,cols:4"), get_hardware("tpu-v3"), regions=False)
     wus, _ = wus_options(tables)
     assert wus
-    floor = memory_floor(tables, wus, live_points(g, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
+    floor = memory_floor(tables, wus, live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
     smallest, _, proven = min_memory(tables, wus)
     assert proven
     assert 0 < floor <= smallest
@@ -836,7 +836,7 @@ def test_memory_floor_is_below_every_layouts_peak(name):
     from autolayout.search.solver import memory_floor
     g, mesh = graph(name), "rows:2,cols:4"
     tables = Tables(g, Mesh.parse(mesh), get_hardware("tpu-v3"), regions=False)
-    floor = memory_floor(tables, [], live_points(g, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
+    floor = memory_floor(tables, [], live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
     smallest = _layout_memories(g, mesh)[0]
     assert 0 < floor <= smallest
     with pytest.raises(SearchError, match="below the smallest peak memory") as exc:  # proven by the floor

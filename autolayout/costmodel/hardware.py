@@ -216,8 +216,9 @@ class Hardware:
             :data:`~autolayout.costmodel.profiles.SRC_CPU_HALF_DOTS`.
         breadth_first_schedule: whether the compiler schedules each computation breadth
             first, so that the collectives of the step's arguments run at its start and their
-            copies are held from there (:func:`~autolayout.costmodel.sharing.spans`); a scan
-            body's weight gathers start at the body's start on every backend; see
+            copies are held from there (:func:`~autolayout.costmodel.sharing.spans`), and the
+            memory model walks that order (:func:`~autolayout.costmodel.order.memory_order`);
+            a scan body's weight gathers start at the body's start on every backend; see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_SCHEDULE`.
 
     >>> from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware

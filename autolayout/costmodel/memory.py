@@ -97,8 +97,9 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "partial_bytes", "split_reductions", "held_bytes", "combined_reductions",
-           "stored_itemsize", "stored_bytes", "operand_copy_bytes"]
+__all__ = ["peak_memory", "gradient_reducers", "transient_bytes", "partial_bytes", "split_reductions",
+           "deferred_reductions", "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes",
+           "operand_copy_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -244,6 +245,22 @@ class _EveryDimSplit(dict):
 
 
 @lru_cache(maxsize=256)
+def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
+    """Per computation (``None``: the top level; a loop's name: its body), the ops that may reduce
+    a parameter's gradient: the first reducing op on each path back from it
+    (:func:`~autolayout.costmodel.storage.gradient_walk`, every dim taken as split); whether one
+    does depends on the layout. The schedule does not enter (:func:`combined_reductions` adds where
+    the last of them runs)."""
+    body_loop = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    found: dict[str | None, set[str]] = {}
+    for param in graph.param_roles:
+        ops, _ = gradient_walk(graph, param, _EveryDimSplit())
+        for o in ops:
+            found.setdefault(body_loop.get(o), set()).add(o)
+    return MappingProxyType({k: frozenset(v) for k, v in found.items()})
+
+
+@lru_cache(maxsize=256)
 def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
     """Where the step reduces its parameter gradients together (module docstring), per
     computation (``None``: the top level; a loop's name: its body, once per iteration):
@@ -252,19 +269,28 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
     whether one does depends on the layout: :func:`held_bytes` is 0 where it does not) and
     the position of the last of them (a schedule unit of ``graph.schedule``, or a position
     in the loop's body)."""
-    body_loop = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    found: dict[str | None, list[str]] = {}
-    for param in graph.param_roles:
-        ops, _ = gradient_walk(graph, param, _EveryDimSplit())
-        for o in ops:
-            found.setdefault(body_loop.get(o), []).append(o)
     unit_of = {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}
     out = {}
-    for loop, ops in found.items():
+    for loop, ops in gradient_reducers(graph).items():
         pos = unit_of if loop is None else {n: i for i, n in enumerate(graph.loops[loop].body)}
         ops = sorted(set(ops), key=pos.__getitem__)
         out[loop] = (pos[ops[-1]], tuple(ops))
     return out
+
+
+@lru_cache(maxsize=256)
+def deferred_reductions(graph: Graph) -> frozenset[str]:
+    """The ops of :func:`combined_reductions` other than the last of their computation: on a
+    backend that combines the gradients' all-reduces (``Hardware.combines_gradient_reductions``),
+    each writes its partial sums where it runs and its reduced result is allocated at the
+    combined all-reduce, after the last. So where it writes partial sums :func:`peak_memory`
+    counts it at its own position without its output (the contraction's phase of
+    :func:`split_reductions`, ``inputs + partial sums``); from there to the combined reduction its
+    output's bytes stand for the partial sums. In the traced order the gradient contractions run
+    late, near the combined reduction, and this changed no measured row; in a breadth-first order
+    (``costmodel.order``) one runs as soon as its operands are ready, beside the forward's
+    activations (measured: the zoo moe's data-parallel step, ``tests/test_memory_xla.py``)."""
+    return frozenset(o for at, ops in combined_reductions(graph).values() for o in ops[:-1])
 
 
 @lru_cache(maxsize=256)
@@ -309,7 +335,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 copies: Mapping[str, tuple[int, ...]] | None = None,
                 gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
                 groups: Mapping[str | None, tuple] | None = None,
-                partials: Mapping[str, int] | None = None) -> tuple[int, dict]:
+                partials: Mapping[str, int] | None = None, combines: bool = False) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -327,10 +353,12 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     its reduction holds (:func:`partial_bytes`); an op of :func:`split_reductions` with some
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
-    copies freed there + partials`` (the collective)."""
+    copies freed there + partials`` (the collective); ``combines``
+    (``Hardware.combines_gradient_reductions``): an op of :func:`deferred_reductions` counts
+    the contraction's phase alone (its collective is the combined one)."""
     temps = temps or {}
     held = held or {}
-    phases = _Phases(graph, size, partials or {})
+    phases = _Phases(graph, size, partials or {}, deferred_reductions(graph) if combines else frozenset())
     spans = _spans(graph, copies or {}, gathered or {}, early)
     combined: dict[str | None, tuple] = {k: (v,) for k, v in combined_reductions(graph).items()}
     for k, gs in (groups or {}).items():
@@ -395,14 +423,16 @@ class _Phases:
     allocated) and the collective (``live - the op's last reads - the conversions and copies
     freed after it + partials``)."""
 
-    def __init__(self, graph: Graph, size: Mapping[str, int], partials: Mapping[str, int]) -> None:
-        self.split = split_reductions(graph)
+    def __init__(self, graph: Graph, size: Mapping[str, int], partials: Mapping[str, int],
+                 deferred: frozenset[str] = frozenset()) -> None:
+        self.split, self.deferred = split_reductions(graph), deferred
         self.size, self.partials = size, partials
 
     def listed(self, op) -> bool:
         """Whether ``op`` is counted in two phases (:func:`split_reductions`; where its layout
-        reduces nothing, the contraction's phase is the op's whole count and the other one less)."""
-        return op in self.split
+        reduces nothing, the contraction's phase is the op's whole count and the other one less)
+        or in the contraction's alone (:func:`deferred_reductions`)."""
+        return op in self.split or op in self.deferred
 
     def result(self, op: str) -> int:
         """Bytes of ``op``'s output in its contraction's phase: none while it writes partial sums."""
@@ -412,8 +442,11 @@ class _Phases:
         """``(contraction, collective)`` bytes at ``op``'s position ``i``, where one phase
         counts ``total`` (``running`` live bytes, spans included, + the op's temps +
         ``waiting`` held bytes)."""
+        contraction = total - self.size.get(op, 0) + self.result(op)
+        if op not in self.split:  # deferred: reduced at the combined reduction
+            return contraction, contraction
         ending = sum(b for _, stop, b, _ in spans if stop == i)
-        return (total - self.size.get(op, 0) + self.result(op),
+        return (contraction,
                 running - sum(self.size.get(n, 0) for n in self.split[op]) - ending + self.partials.get(op, 0)
                 + waiting)
 
@@ -513,7 +546,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         own = () if loop is None else _copies_at(spans.get(loop, ()), j)
         point(i, [n for n in live if n != op or not phases.listed(op) or phases.result(op)],
               [("transient", temps.get(op, 0))] + held_here + top + list(own))
-        if phases.listed(op):  # the collective's phase of a split reduction (_Phases)
+        if op in phases.split:  # the collective's phase of a split reduction (_Phases)
             gone = set(phases.split[op])
             if loop is None:
                 top = _copies_at(spans.get(None, ()), i, False)

@@ -11,6 +11,7 @@ from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
@@ -117,6 +118,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
 
     hw = get_hardware(hardware)
     graph, mesh = p.graph, p.mesh
+    walk = memory_order(graph, hw)  # the order the memory model walks (XLA:CPU's breadth-first schedule)
     overlap = overlappable(graph, hw)
     rows, colls = [], []
     temps: dict[str, int] = {}
@@ -130,7 +132,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     for op in graph.ops():
         oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
-        extra = copy_transient_bytes(graph, op.name, oc.operand_copy_bytes)  # dot operand copies
+        extra = copy_transient_bytes(walk, op.name, oc.operand_copy_bytes)  # dot operand copies
         if oc.transient_bytes or extra:
             temps[op.name] = oc.transient_bytes + extra
         if oc.held_bytes:
@@ -160,9 +162,10 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    mem_total, breakdown = peak_memory(graph, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
+    mem_total, breakdown = peak_memory(walk, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
-                                     groups=combined_all_reduces(graph, p.ops, hw), partials=partials)
+                                     groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
+                                     combines=hw.combines_gradient_reductions)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

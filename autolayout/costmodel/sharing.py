@@ -52,8 +52,9 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
     read by the recomputed forward and the backward inside one scan body (Flax linen GPT 29 ->
     19); none is merged across computations (a scan's body and the top level, two loops). So
     the ops of one computation that read a tensor under the same rules (the same region, the
-    same dim held whole) form a group; its first op (in schedule order) converts, the others read
-    its copy. ``Planner`` checks at planning time that the placements are equal and that neither
+    same dim held whole) form a group; its first op in the traced order (``graph.order``, which the
+    plan and the lowering follow whatever order the memory model walks: ``costmodel.order``)
+    converts, the others read its copy, which lives from the first of them to run to the last. ``Planner`` checks at planning time that the placements are equal and that neither
     op computes on a storage shard (whose placement is the shard's); ops that may compute on a
     shard (:func:`~.storage.update_ops`) and loop boundaries (reshapes), the base operand of a
     scatter and sources never share. The span of a group is fixed by the graph (the search's
@@ -83,16 +84,18 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
             groups.setdefault(key, []).append(op.name)
     sharing: dict[tuple[str, str], str] = {}
     spans: dict[str | None, list] = {}
+    rank = {n: i for i, n in enumerate(graph.order)}
     for (loop, t, *_), ops in groups.items():
         at = pos[loop]
-        ops = sorted(ops, key=at.__getitem__)
+        ops = sorted(ops, key=rank.__getitem__)  # the provider: the first in the traced order
+        first = min(at[o] for o in ops)
         ready = _ready_at(graph, loop, t, at)
-        start = at[ops[0]] if ready is None else min(ready, at[ops[0]])
+        start = first if ready is None else min(ready, first)
         if len(ops) < 2 and start == at[ops[0]]:
             continue  # one reader converting where it runs: the op's own transient bytes
         for o in ops[1:]:
             sharing[(o, t)] = ops[0]
-        spans.setdefault(loop, []).append((ops[0], t, start, at[ops[-1]]))
+        spans.setdefault(loop, []).append((ops[0], t, start, max(at[o] for o in ops)))
     return sharing, {k: tuple(v) for k, v in spans.items()}
 
 

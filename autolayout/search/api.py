@@ -10,6 +10,7 @@ from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.attention import kernel_graph
+from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
 from autolayout.graph import Graph, require_graph
@@ -300,7 +301,8 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
         # devices does not fit (e.g. no remat, every layer's activations saved), no cost
         # tables or storage options are needed to know that
         # late spans are subsets of early ones: a floor for either schedule
-        floor = share_floor(g, mesh, live_points(g, early=False))
+        walk = memory_order(g, hw)
+        floor = share_floor(walk, mesh, live_points(walk, early=False))
         if floor > limit:
             raise Dominated(f"no layout fits: at least {floor} B per device (each tensor's share of the "
                             f"{mesh.size} devices, at the peak), above memory_limit {int(limit)} B")

@@ -21,7 +21,8 @@ reader).
 An op of ``memory.split_reductions`` gives two points, as ``predict`` counts it: the contraction's
 (its output listed as :func:`result`, 0 bytes where the layout makes it write partial sums) and the
 collective's (without the tensors it reads for the last time and the copies freed after it, with
-its :func:`partial` sums).
+its :func:`partial` sums). Where the hardware combines the gradients' all-reduces, an op of
+``memory.deferred_reductions`` gives the contraction's point alone.
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -52,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.combine import held_pairs
-from autolayout.costmodel.memory import combined_reductions, split_reductions
+from autolayout.costmodel.memory import combined_reductions, deferred_reductions, split_reductions
 
 from autolayout.costmodel.copies import copy_spans
 
@@ -212,6 +213,7 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     split = split_reductions(graph)
+    deferred = deferred_reductions(graph) if combines else frozenset()
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
     for m, o in held_pairs(graph) if combines else ():
@@ -238,6 +240,9 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
             waiting, copies = _waiting(gradients.get(None), units, i), top
         else:
             waiting, copies = _waiting(gradients.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j)
+        if op in deferred:  # reduced at the combined reduction: the contraction's phase alone
+            add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)))
+            continue
         if op not in split:
             add(list(live), op, waiting, copies)
             continue

@@ -31,6 +31,7 @@ from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.copies import copy_transient_bytes
+from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.sharing import shared_providers, shared_reads
@@ -83,8 +84,9 @@ class Tables:
                  op_costs: dict | None = None) -> None:
         """``op_costs``: a dict to keep ``op_cost`` results in, by the op's cost signature and
         the orbit of its assignment; pass the same one to the tables of several remat policies
-        of one step on one mesh and hardware to share them."""
-        self.graph, self.mesh, self.hw = graph, mesh, hw
+        of one step on one mesh and hardware to share them. ``graph`` is kept as ``hw``'s
+        memory model walks it (``costmodel.order.memory_order``, as ``predict`` prices it)."""
+        self.graph, self.mesh, self.hw = memory_order(graph, hw), mesh, hw
         self.combined_sizes: dict = {}  # search.warm.sizes_of's combined all-reduces, per assignment
         self.fast_mesh = _FastMesh(mesh.axes)
         self.space = Space(graph, mesh, regions=regions)

@@ -37,7 +37,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import held_bytes, partial_bytes, split_reductions, stored_itemsize, transient_bytes
+from autolayout.costmodel.memory import (deferred_reductions, held_bytes, partial_bytes, split_reductions, stored_itemsize,
+                                         transient_bytes)
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
@@ -210,6 +211,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
     the parameter's cache (:class:`_ShardCache`); ``deltas`` (shared by all parameters) the
     per-op changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
+    phased = set(split_reductions(graph)) | (deferred_reductions(graph) if hw.combines_gradient_reductions else set())
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     base = tables.space.base
@@ -265,7 +267,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
                     dbytes[gathered(name, graph.op(name).inputs[k])] = b
-                if name in split_reductions(graph) and hit[5][0] != hit[5][1]:  # a split reduction's phases
+                if name in phased and hit[5][0] != hit[5][1]:  # a split (or deferred) reduction's phases
                     dbytes[partial_name(name)] = hit[5][0] - hit[5][1]
                     if bool(hit[5][0]) != bool(hit[5][1]):  # the output: none while partial sums are written
                         res = graph.tensor(name)

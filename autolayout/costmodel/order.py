@@ -1,0 +1,207 @@
+"""The order a backend's scheduler runs a step in, for the memory model's liveness walk.
+
+The memory model (:mod:`autolayout.costmodel.memory`, :mod:`autolayout.costmodel.lifetimes`, the
+search's live sets in ``search/liveness.py``) walks ``graph.schedule`` and each scan's ``body``.
+A traced graph has them in the traced (jaxpr) order. :func:`memory_order` gives the graph that
+walk reads on ``hardware``:
+
+* hardware whose compiler schedules each computation breadth first
+  (``Hardware.breadth_first_schedule``: XLA:CPU) gets :func:`breadth_first`, the graph in the
+  order that scheduler computes;
+* other hardware gets the graph itself. XLA:TPU and XLA:GPU schedule with memory-pressure-aware
+  list schedulers (the latency-hiding scheduler under a memory limit), for which the traced order,
+  a sequential program order, is the model's stand-in.
+
+XLA:CPU picks ``BFSMemoryScheduler`` unless ``xla_cpu_enable_concurrency_optimized_scheduler`` is
+off (openxla/xla ``xla/service/cpu/cpu_compiler.cc``, ``CreateHloSchedule``). That scheduler is
+Kahn's algorithm with a first-in first-out queue (``xla/hlo/transforms/simplifiers/
+hlo_memory_scheduler.cc``, ``BFSMemoryScheduler``): every instruction without operands is queued
+in the computation's instruction order, and an instruction is queued when its last operand is
+taken from the queue, so each runs as soon as its operands are ready, in the order they became
+ready. What it orders are the computation's instructions after fusion: here the ops that write
+their output to memory (``Op.materialised``), each with the element-wise producers fused into it
+(which read their operands where it runs), and at the top level each scan as one ``while``.
+
+On hardware that combines the step's gradient all-reduces into one
+(``Hardware.combines_gradient_reductions``: XLA:CPU's ``AllReduceCombiner``), that one
+instruction reads every op that may reduce a gradient in its computation
+(:func:`~autolayout.costmodel.memory.gradient_reducers`) and is read by every op that reads
+them, so the optimizer updates wait for the last gradient. Other collectives are not
+instructions of this order: which ops have one depends on the layout, and the search's memory
+rows need one order per graph (so it stays exact); the rest of the model places each
+collective at its op (``memory.split_reductions``, ``sharing.spans``).
+
+Measured against XLA's ``memory_analysis()`` on 8 virtual CPU devices
+(``benchmarks/memory_vs_xla.py``; DESIGN §11): the traced order left about a third of randomly
+drawn layouts more than 10% off, two thirds of them under XLA's figure (values the breadth-first
+schedule computes early and holds, such as a norm's normalised input or a backward dot that reads
+only step arguments).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, Sequence
+
+from autolayout.costmodel.memory import gradient_reducers
+from autolayout.graph import Graph, Loop, Op
+
+__all__ = ["memory_order", "breadth_first", "fifo_order"]
+
+_SYNC = object()  # the combined gradient all-reduce: a node of the order, not an op
+
+
+def memory_order(graph: Graph, hardware: Any) -> Graph:
+    """The graph whose schedule the memory model walks on ``hardware`` (module docstring):
+    :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. ``predict``
+    (``price_plan``) and the search (``search.tables.Tables``) both call this (one rule)."""
+    if not getattr(hardware, "breadth_first_schedule", False):
+        return graph
+    return breadth_first(graph, combined=bool(getattr(hardware, "combines_gradient_reductions", False)))
+
+
+def breadth_first(graph: Graph, combined: bool = False) -> Graph:
+    """``graph`` with its schedule and its scans' bodies in the order of XLA's
+    ``BFSMemoryScheduler`` (module docstring); ``combined``: the gradients' all-reduces run as one
+    instruction. A graph this returned comes back as it is."""
+    if getattr(graph, "breadth_first_of", None) is not None:
+        return graph
+    return _breadth_first(graph, combined)
+
+
+@lru_cache(maxsize=64)
+def _breadth_first(graph: Graph, combined: bool) -> Graph:
+    fused_into = _fused_readers(graph)
+    sources = _sources(graph)
+    reducers = gradient_reducers(graph) if combined else {}
+    loops = []
+    for lp in graph.loops.values():
+        body = set(lp.body)
+        nodes = [n for n in lp.body if not _lazy(graph.op(n))]
+        deps = {n: [s for s in sources[n] if s in body] for n in nodes}
+        order = fifo_order(nodes, deps, reducers.get(lp.name, frozenset()))
+        loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, fused_into)))
+    new_loops = {lp.name: lp for lp in loops}
+    unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
+    nodes = [k for k in keys if k in new_loops or not _lazy(graph.op(k))]
+    deps = {}
+    for k in nodes:
+        reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
+        deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
+    top = reducers.get(None, frozenset())
+    order = fifo_order(nodes, deps, top)
+    fused_top = {n: [unit.get(r, r) for r in rs] for n, rs in fused_into.items()}
+    units = _with_fused(order, keys, fused_top)
+    view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
+    view.breadth_first_of = graph
+    return view
+
+
+def fifo_order(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any] = ()) -> list:
+    """``nodes`` in the order of Kahn's algorithm with a first-in first-out queue (XLA's
+    ``BFSMemoryScheduler``): nodes without dependencies queued in the order given, each other
+    node queued when the last of ``deps[node]`` (those among ``nodes``) leaves the queue.
+    ``combined``: nodes read together by one more instruction (the combined all-reduce), which
+    waits for all of them and which every node that reads one of them waits for."""
+    return [n for n in _fifo(nodes, deps, combined) if n is not _SYNC]
+
+
+def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]) -> list:
+    """:func:`fifo_order`, with the combined instruction in it (``_SYNC``) where there is one."""
+    present = set(nodes)
+    group = [n for n in nodes if n in set(combined)]
+    wait: dict[Any, list] = {}
+    for n in nodes:
+        ds = [d for d in dict.fromkeys(deps.get(n, ())) if d in present and d != n]
+        if group and n not in group and any(d in group for d in ds):
+            ds = [d for d in ds if d not in group] + [_SYNC]
+        wait[n] = ds
+    order_in = list(nodes)
+    if group:
+        wait[_SYNC] = group
+        order_in.append(_SYNC)
+    users: dict[Any, list] = {n: [] for n in order_in}
+    count = {}
+    for n in order_in:
+        count[n] = len(wait[n])
+        for d in wait[n]:
+            users[d].append(n)
+    queue = deque(n for n in order_in if count[n] == 0)
+    out = []
+    while queue:
+        n = queue.popleft()
+        out.append(n)
+        for u in users[n]:
+            count[u] -= 1
+            if count[u] == 0:
+                queue.append(u)
+    if len(out) != len(order_in):
+        stuck = [n for n in order_in if count[n] > 0][:3]
+        raise ValueError(f"fifo_order: a cycle among {stuck}")
+    return out
+
+
+def _lazy(op: Op) -> bool:
+    """Whether ``op`` is no instruction of the order of its own: an element-wise op fused into its
+    readers (``Op.materialised`` False). Such an op is placed right before the first op that reads
+    it, and the ops that read it wait for its operands.
+
+    A rename of dims is an instruction: where the layout moves data between the two names it is a
+    collective, computed as soon as its operand is; where it does not it is a ``bitcast``. Taken as
+    a bitcast, placed before its reader, 3 more of 72 layouts drawn at random (seed 0) and 9 more of
+    144 (seed 1) were more than 10% off XLA, though 6 fewer of the 76 chosen ones
+    (``benchmarks/memory_vs_xla.py``, which draws layouts that split ``length`` and ``length_1``
+    apart)."""
+    return not op.materialised
+
+
+def _sources(graph: Graph) -> dict[str, list[str]]:
+    """For every op, the materialised tensors its fusion reads: its operands, an element-wise
+    operand fused into it (``Op.materialised`` False) replaced by that operand's own sources."""
+    out: dict[str, list[str]] = {}
+
+    def of(name: str) -> list[str]:
+        hit = out.get(name)
+        if hit is None:
+            acc: list[str] = []
+            for src in graph.op(name).inputs:
+                acc.extend(of(src) if _lazy(graph.op(src)) else (src,))
+            hit = out[name] = list(dict.fromkeys(acc))
+        return hit
+
+    for name in graph.order:
+        of(name)
+    return out
+
+
+def _fused_readers(graph: Graph) -> dict[str, list[str]]:
+    """For every op that is fused into its readers, the materialised ops it is fused into."""
+    readers: dict[str, list[str]] = {}
+    for name in reversed(graph.order):
+        if not _lazy(graph.op(name)):
+            continue
+        acc: list[str] = []
+        for c in graph.consumers(name):
+            acc.extend(readers[c] if c in readers else (c,))
+        readers[name] = list(dict.fromkeys(acc))
+    return readers
+
+
+def _with_fused(order: Sequence[str], every: Sequence[str], fused_into: Mapping[str, Sequence[str]]) -> tuple:
+    """``order`` (the materialised ops) with the others of ``every`` (fused element-wise ops, in
+    ``every``'s order) placed right before the first op they are fused into (at the end if none
+    is in ``order``)."""
+    pos = {n: i for i, n in enumerate(order)}
+    before: dict[int, list[str]] = {}
+    for n in every:
+        if n not in pos:
+            at = min((pos[r] for r in fused_into.get(n, ()) if r in pos), default=len(order))
+            before.setdefault(at, []).append(n)
+    out: list[str] = []
+    for i, n in enumerate(order):
+        out.extend(before.get(i, ()))
+        out.append(n)
+    out.extend(before.get(len(order), ()))
+    return tuple(out)

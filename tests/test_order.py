@@ -1,0 +1,117 @@
+"""The order the memory model walks (``costmodel/order.py``): XLA:CPU's breadth-first
+``BFSMemoryScheduler`` on the cpu profile, the traced order elsewhere. Checked against hand-run
+first-in first-out Kahn orders, XLA's ``memory_analysis()`` of a program whose traced order and
+breadth-first order peak differently, and the schedule's data flow.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from autolayout import execute, models, predict, trace
+from autolayout.costmodel.order import breadth_first, fifo_order, memory_order
+from autolayout.costmodel.profiles import get_hardware
+from autolayout.graph import Loop
+
+CPU = get_hardware("cpu")
+TRACED_CPU = dataclasses.replace(CPU, breadth_first_schedule=False)  # the same profile walking the traced order
+
+
+def test_fifo_order_by_hand():
+    # a, b sources; c <- a; d <- c; e <- b; f <- d, e. Queue: [a, b] -> a queues c -> b queues e ->
+    # c queues d -> e (f still waits for d) -> d queues f -> f
+    deps = {"c": ["a"], "d": ["c"], "e": ["b"], "f": ["d", "e"]}
+    assert fifo_order(["a", "c", "d", "b", "e", "f"], deps) == ["a", "b", "c", "e", "d", "f"]
+    # sources keep the order given; a dependency outside the nodes is ignored
+    assert fifo_order(["b", "a", "c"], {"c": ["a", "z"]}) == ["b", "a", "c"]
+
+
+def test_fifo_order_combined_by_hand():
+    """g1 <- a and g2 <- d (d deep: a -> c -> d) are combined: their readers u1 <- g1, u2 <- g2 wait
+    for the one instruction that reads both. Without it u1 runs as soon as g1 has."""
+    nodes = ["a", "g1", "u1", "c", "d", "g2", "u2"]
+    deps = {"g1": ["a"], "u1": ["g1"], "c": ["a"], "d": ["c"], "g2": ["d"], "u2": ["g2"]}
+    # queue: [a] -> g1, c -> u1, d -> g2 -> u2
+    assert fifo_order(nodes, deps) == ["a", "g1", "c", "u1", "d", "g2", "u2"]
+    # combined: a -> g1, c -> (g1 done, sync waits for g2) d -> g2 -> sync -> u1, u2
+    assert fifo_order(nodes, deps, combined=["g1", "g2"]) == ["a", "g1", "c", "d", "g2", "u1", "u2"]
+
+
+def test_fifo_order_names_a_cycle():
+    with pytest.raises(ValueError, match="a cycle among"):
+        fifo_order(["a", "b"], {"a": ["b"], "b": ["a"]})
+
+
+B, D, H = 64, 128, 256  # x [B, D]; a, b [D, H]: each dot's output is 64 KiB
+
+
+def _two_dots(x, a, b):
+    s = jnp.sum(jnp.sin(x @ a))
+    return s + jnp.sum(jnp.cos(x @ b))  # traced after the first sum, but needs only arguments
+
+
+def _args():
+    return jnp.ones((B, D)), jnp.ones((D, H)), jnp.ones((D, H))
+
+
+def test_xla_cpu_computes_independent_work_breadth_first():
+    """Traced order: x @ a, its sum, then x @ b, so one dot output (64 KiB) is live at a time.
+    XLA:CPU's breadth-first schedule runs both dots first (both read only arguments), holding both;
+    the cpu profile predicts that (the compiled program's buffer assignment is the reference), the
+    traced order does not."""
+    g = trace(_two_dots, *_args())
+    assert [u for u in g.schedule if "dot" in u or "reduce" in u] == [
+        "dot_general_0", "reduce_sum_0", "dot_general_1", "reduce_sum_1"]
+    walk = memory_order(g, CPU)
+    assert [u for u in walk.schedule if "dot" in u or "reduce" in u] == [
+        "dot_general_0", "dot_general_1", "reduce_sum_0", "reduce_sum_1"]
+    m = jax.jit(_two_dots).lower(*_args()).compile().memory_analysis()
+    assert m.temp_size_in_bytes == 2 * B * H * 4  # both dot outputs (sin and cos run in place over them)
+    args_bytes = (B * D + 2 * D * H) * 4  # per device: replicated
+    # both dot outputs (sin, cos written over them) and the scalar output's allocation
+    assert predict(g, "d:8", "", hardware=CPU).memory_bytes == args_bytes + 2 * B * H * 4 + 4
+    # traced: one dot output, the output's allocation and the first sum (4 B) live across the second dot
+    assert predict(g, "d:8", "", hardware=TRACED_CPU).memory_bytes == args_bytes + B * H * 4 + 4 + 4
+    ex = execute(g, "d:8", "", args=_args(), repeats=1, reference=False)
+    assert ex.memory_ratio == 1.0
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_lm", "moe", "llama"])
+def test_breadth_first_reorders_within_data_flow(name):
+    """The same units, each computation's ops after the operands it computes; loops keep their
+    place in the data flow; the traced graph is left as it was."""
+    g = getattr(models, name)(**({"batch": 8, "d_io": 16, "d_hidden": 32} if name == "mlp" else {}))
+    before = g.schedule
+    view = breadth_first(g, combined=True)
+    assert g.schedule == before and breadth_first(view) is view
+    assert view.order == g.order and view.ops() == g.ops()
+    unit = {n: lp.name for lp in view.loops.values() for n in lp.body}
+    keys = [u.name if isinstance(u, Loop) else u for u in view.schedule]
+    assert sorted(keys) == sorted(u.name if isinstance(u, Loop) else u for u in before)
+    at = {k: i for i, k in enumerate(keys)}
+    for k in keys:
+        for n in (view.loops[k].body if k in view.loops else (k,)):
+            for src in g.op(n).inputs:
+                assert at[unit.get(src, src)] <= at[k], (k, src)
+    for lp in view.loops.values():
+        assert sorted(lp.body) == sorted(g.loops[lp.name].body)
+        pos = {n: i for i, n in enumerate(lp.body)}
+        for n in lp.body:
+            assert all(pos[s] < pos[n] for s in g.op(n).inputs if s in pos), (lp.name, n)
+    assert view.schedule != before  # these steps have independent work the traced order runs later
+
+
+@pytest.mark.parametrize("hw", ["tpu-v4", "h100"])
+def test_accelerators_walk_the_traced_order(hw):
+    g = models.mlp(batch=8, d_io=16, d_hidden=32)
+    assert memory_order(g, get_hardware(hw)) is g
+    assert memory_order(g, CPU) is not g
+
+
+def test_with_schedule_rejects_other_units():
+    g = models.mlp(batch=8, d_io=16, d_hidden=32)
+    with pytest.raises(ValueError, match="must be graph 'mlp'.s schedule units"):
+        g.with_schedule(list(g.schedule)[1:])
