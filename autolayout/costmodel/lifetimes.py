@@ -1,4 +1,5 @@
-"""Lifetimes of a step's tensors in the traced schedule, as XLA's buffer assignment has them
+"""Lifetimes of a step's tensors in the graph's schedule (the traced order, or the order
+``costmodel.order.memory_order`` gives the graph for a backend), as XLA's buffer assignment has them
 (the rules are listed in :mod:`autolayout.costmodel.memory`'s docstring): :func:`lifetimes` for
 the top level, :func:`body_lifetimes` for a scan's body, the element-wise ops that write their
 result over an operand (:func:`in_place_operand`) and the residual chain written into a loop's

@@ -1,4 +1,8 @@
-"""Peak per-device memory by liveness over the traced schedule, as XLA allocates it.
+"""Peak per-device memory by liveness over the schedule, as XLA allocates it.
+
+The schedule is ``graph.schedule`` and each scan's ``body`` of the graph it is given: the
+traced order, or on XLA:CPU the order of its breadth-first scheduler
+(:func:`~autolayout.costmodel.order.memory_order`, which ``predict`` and the search both walk).
 
 Every materialised tensor counts at its local (sharded) size; elementwise
 intermediates fused into their consumers (``Op.hbm``) take none. Lifetimes follow
