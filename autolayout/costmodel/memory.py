@@ -283,10 +283,10 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 
 
 @lru_cache(maxsize=256)
-def deferred_reductions(graph: Graph) -> frozenset[str]:
-    """The ops of :func:`combined_reductions` other than the last of their computation: on a
-    backend that combines the gradients' all-reduces (``Hardware.combines_gradient_reductions``),
-    each writes its partial sums where it runs and its reduced result is allocated at the
+def deferred_reductions(graph: Graph, combines: bool) -> frozenset[str]:
+    """The ops of :func:`combined_reductions` other than the last of their computation where
+    ``combines`` (``Hardware.combines_gradient_reductions``: the backend combines the gradients'
+    all-reduces; none elsewhere, where each op reduces its own). Each writes its partial sums where it runs and its reduced result is allocated at the
     combined all-reduce, after the last. So where it writes partial sums :func:`peak_memory`
     counts it at its own position without its output (the contraction's phase of
     :func:`split_reductions`, ``inputs + partial sums``); from there to the combined reduction its
@@ -294,7 +294,9 @@ def deferred_reductions(graph: Graph) -> frozenset[str]:
     late, near the combined reduction, and this changed no measured row; in a breadth-first order
     (``costmodel.order``) one runs as soon as its operands are ready, beside the forward's
     activations (measured: the zoo moe's data-parallel step, ``tests/test_memory_xla.py``)."""
-    return frozenset(o for at, ops in combined_reductions(graph).values() for o in ops[:-1])
+    if not combines:
+        return frozenset()
+    return frozenset(o for _, ops in combined_reductions(graph).values() for o in ops[:-1])
 
 
 @lru_cache(maxsize=256)
@@ -362,7 +364,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     the contraction's phase alone (its collective is the combined one)."""
     temps = temps or {}
     held = held or {}
-    phases = _Phases(graph, size, partials or {}, deferred_reductions(graph) if combines else frozenset())
+    phases = _Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
     spans = _spans(graph, copies or {}, gathered or {}, early)
     combined: dict[str | None, tuple] = {k: (v,) for k, v in combined_reductions(graph).items()}
     for k, gs in (groups or {}).items():

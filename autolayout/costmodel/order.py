@@ -29,7 +29,12 @@ instruction reads every op that may reduce a gradient in its computation
 them, so the optimizer updates wait for the last gradient. Other collectives are not
 instructions of this order: which ops have one depends on the layout, and the search's memory
 rows need one order per graph (so it stays exact); the rest of the model places each
-collective at its op (``memory.split_reductions``, ``sharing.spans``).
+collective at its op (``memory.split_reductions``, ``sharing.spans``). A rename of dims is an
+instruction: where the layout moves data between the two names it is a collective, computed as
+soon as its operand is; where it does not it is a ``bitcast``. Taken as a bitcast, placed before
+its reader, 3 more of 72 layouts drawn at random (seed 0) and 9 more of 144 (seed 1) were more
+than 10% off XLA, though 6 fewer of the 76 chosen ones (``benchmarks/memory_vs_xla.py``, whose
+draws split ``length`` and ``length_1`` apart).
 
 Measured against XLA's ``memory_analysis()`` on 8 virtual CPU devices
 (``benchmarks/memory_vs_xla.py``; DESIGN §11): the traced order left about a third of randomly
@@ -44,21 +49,23 @@ from collections import deque
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
+from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.lifetimes import readers_of
 from autolayout.costmodel.memory import gradient_reducers
-from autolayout.graph import Graph, Loop, Op
+from autolayout.graph import Graph, Loop
 
 __all__ = ["memory_order", "breadth_first", "fifo_order"]
 
 _SYNC = object()  # the combined gradient all-reduce: a node of the order, not an op
 
 
-def memory_order(graph: Graph, hardware: Any) -> Graph:
+def memory_order(graph: Graph, hardware: Hardware) -> Graph:
     """The graph whose schedule the memory model walks on ``hardware`` (module docstring):
     :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. ``predict``
     (``price_plan``) and the search (``search.tables.Tables``) both call this (one rule)."""
-    if not getattr(hardware, "breadth_first_schedule", False):
+    if not hardware.breadth_first_schedule:
         return graph
-    return breadth_first(graph, combined=bool(getattr(hardware, "combines_gradient_reductions", False)))
+    return breadth_first(graph, combined=hardware.combines_gradient_reductions)
 
 
 def breadth_first(graph: Graph, combined: bool = False) -> Graph:
@@ -72,28 +79,27 @@ def breadth_first(graph: Graph, combined: bool = False) -> Graph:
 
 @lru_cache(maxsize=64)
 def _breadth_first(graph: Graph, combined: bool) -> Graph:
-    fused_into = _fused_readers(graph)
+    readers = readers_of(graph)  # a fused op's readers: the materialised ops it is fused into
     sources = _sources(graph)
     reducers = gradient_reducers(graph) if combined else {}
     loops = []
     for lp in graph.loops.values():
         body = set(lp.body)
-        nodes = [n for n in lp.body if not _lazy(graph.op(n))]
+        nodes = [n for n in lp.body if graph.op(n).materialised]
         deps = {n: [s for s in sources[n] if s in body] for n in nodes}
         order = fifo_order(nodes, deps, reducers.get(lp.name, frozenset()))
-        loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, fused_into)))
+        loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, readers)))
     new_loops = {lp.name: lp for lp in loops}
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
     keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
-    nodes = [k for k in keys if k in new_loops or not _lazy(graph.op(k))]
+    nodes = [k for k in keys if k in new_loops or graph.op(k).materialised]
     deps = {}
     for k in nodes:
         reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
         deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
     top = reducers.get(None, frozenset())
     order = fifo_order(nodes, deps, top)
-    fused_top = {n: [unit.get(r, r) for r in rs] for n, rs in fused_into.items()}
-    units = _with_fused(order, keys, fused_top)
+    units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in new_loops})
     view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
     view.breadth_first_of = graph
     return view
@@ -110,8 +116,8 @@ def fifo_order(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined
 
 def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]) -> list:
     """:func:`fifo_order`, with the combined instruction in it (``_SYNC``) where there is one."""
-    present = set(nodes)
-    group = [n for n in nodes if n in set(combined)]
+    present, combined = set(nodes), set(combined)
+    group = [n for n in nodes if n in combined]
     wait: dict[Any, list] = {}
     for n in nodes:
         ds = [d for d in dict.fromkeys(deps.get(n, ())) if d in present and d != n]
@@ -143,20 +149,6 @@ def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Ite
     return out
 
 
-def _lazy(op: Op) -> bool:
-    """Whether ``op`` is no instruction of the order of its own: an element-wise op fused into its
-    readers (``Op.materialised`` False). Such an op is placed right before the first op that reads
-    it, and the ops that read it wait for its operands.
-
-    A rename of dims is an instruction: where the layout moves data between the two names it is a
-    collective, computed as soon as its operand is; where it does not it is a ``bitcast``. Taken as
-    a bitcast, placed before its reader, 3 more of 72 layouts drawn at random (seed 0) and 9 more of
-    144 (seed 1) were more than 10% off XLA, though 6 fewer of the 76 chosen ones
-    (``benchmarks/memory_vs_xla.py``, which draws layouts that split ``length`` and ``length_1``
-    apart)."""
-    return not op.materialised
-
-
 def _sources(graph: Graph) -> dict[str, list[str]]:
     """For every op, the materialised tensors its fusion reads: its operands, an element-wise
     operand fused into it (``Op.materialised`` False) replaced by that operand's own sources."""
@@ -167,7 +159,7 @@ def _sources(graph: Graph) -> dict[str, list[str]]:
         if hit is None:
             acc: list[str] = []
             for src in graph.op(name).inputs:
-                acc.extend(of(src) if _lazy(graph.op(src)) else (src,))
+                acc.extend(of(src) if not graph.op(src).materialised else (src,))
             hit = out[name] = list(dict.fromkeys(acc))
         return hit
 
@@ -176,23 +168,10 @@ def _sources(graph: Graph) -> dict[str, list[str]]:
     return out
 
 
-def _fused_readers(graph: Graph) -> dict[str, list[str]]:
-    """For every op that is fused into its readers, the materialised ops it is fused into."""
-    readers: dict[str, list[str]] = {}
-    for name in reversed(graph.order):
-        if not _lazy(graph.op(name)):
-            continue
-        acc: list[str] = []
-        for c in graph.consumers(name):
-            acc.extend(readers[c] if c in readers else (c,))
-        readers[name] = list(dict.fromkeys(acc))
-    return readers
-
-
 def _with_fused(order: Sequence[str], every: Sequence[str], fused_into: Mapping[str, Sequence[str]]) -> tuple:
     """``order`` (the materialised ops) with the others of ``every`` (fused element-wise ops, in
-    ``every``'s order) placed right before the first op they are fused into (at the end if none
-    is in ``order``)."""
+    ``every``'s order) placed right before the first op they are fused into (``fused_into``: the
+    ops that read them from memory, ``lifetimes.readers_of``; at the end if none is in ``order``)."""
     pos = {n: i for i, n in enumerate(order)}
     before: dict[int, list[str]] = {}
     for n in every:

@@ -54,8 +54,9 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
     the ops of one computation that read a tensor under the same rules (the same region, the
     same dim held whole) form a group; its first op in the traced order (``graph.order``, which the
     plan and the lowering follow whatever order the memory model walks: ``costmodel.order``)
-    converts, the others read its copy, which lives from the first of them to run to the last. ``Planner`` checks at planning time that the placements are equal and that neither
-    op computes on a storage shard (whose placement is the shard's); ops that may compute on a
+    converts, the others read its copy, which lives from the first of them to run to the last.
+    ``Planner`` checks at planning time that the placements are equal and that neither op
+    computes on a storage shard (whose placement is the shard's); ops that may compute on a
     shard (:func:`~.storage.update_ops`) and loop boundaries (reshapes), the base operand of a
     scatter and sources never share. The span of a group is fixed by the graph (the search's
     live sets need it so); its bytes are the provider's converted copy (0 where nothing moves).

@@ -213,7 +213,7 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     split = split_reductions(graph)
-    deferred = deferred_reductions(graph) if combines else frozenset()
+    deferred = deferred_reductions(graph, combines)
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
     for m, o in held_pairs(graph) if combines else ():

@@ -31,7 +31,7 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
             sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
             dims, vec = tables.held_bytes(tables.graph.op(t.name))
             sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
-    deferred = deferred_reductions(tables.graph) if tables.hw.combines_gradient_reductions else frozenset()
+    deferred = deferred_reductions(tables.graph, tables.hw.combines_gradient_reductions)
     for name in [*split_reductions(tables.graph), *deferred]:  # a split reduction's phases; a deferred one's
         dims, part, res = tables.phase_bytes(tables.graph.op(name))
         k = tables.restrict(point.axes_of, dims)

@@ -211,7 +211,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
     the parameter's cache (:class:`_ShardCache`); ``deltas`` (shared by all parameters) the
     per-op changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
-    phased = set(split_reductions(graph)) | (deferred_reductions(graph) if hw.combines_gradient_reductions else set())
+    phased = set(split_reductions(graph)) | deferred_reductions(graph, hw.combines_gradient_reductions)
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     base = tables.space.base
