@@ -63,7 +63,7 @@ def test_split_reduction_lists_intermediates_with_their_last_reads():
     g = trace(_fn, *_args())
     split = split_reductions(g)
     assert split["dot_general_0"] == ("tanh_0",)  # x and w are arguments, live throughout
-    assert "out" not in split  # the step's output
+    assert split["out"] == ("square_0",)  # the step's output too: its allocation is written by the collective
     train = models.mlp(batch=64, d_io=128, d_hidden=256)
     gradient = {o for _, ops in combined_reductions(train).values() for o in ops}
     assert gradient and not gradient & set(split_reductions(train))
@@ -88,6 +88,58 @@ def test_split_reduction_matches_xla_memory_analysis():
     ex = execute(g, "d:8", "d2048:d", args=_args(), repeats=1, reference=False)
     xla = ex.xla_memory
     assert ex.predicted.memory_bytes == xla["argument"] + xla["output"] + xla["temp"] - xla["alias"]
+
+
+H_OUT = 128  # the output's local bytes equal tanh(x)'s: [B, H_OUT] and [B, D_OUT / 8]
+D_OUT = 8 * H_OUT
+OUT = B * H_OUT * F32  # tanh(x), the partial sums and the result: 32 KiB each
+
+
+def _out_fn(x, w):
+    return jnp.tanh(x) @ w
+
+
+def _out_args():
+    return jnp.ones((B, D_OUT), jnp.float32), jnp.ones((D_OUT, H_OUT), jnp.float32)
+
+
+def test_xla_cpu_holds_a_temporary_in_the_reduced_outputs_allocation_until_the_collective():
+    """The step's output is the reduced result: XLA allocates it for the whole call and, before the
+    all-reduce writes it, holds tanh(x) there (the contraction's phase: tanh(x) + partial sums); the
+    temp heap holds the partial sums alone. So the output counts in two phases like an intermediate:
+    argument + output + temp = x + w + 2 * OUT, not x + w + 3 * OUT (tanh(x), partial sums and result
+    together, the model's figure before: 196608 bytes)."""
+    g = trace(_out_fn, *_out_args())
+    assert split_reductions(g) == {"out": ("tanh_0",)}
+    ex = execute(g, "d:8", "d1024:d", args=_out_args(), repeats=1, reference=False)
+    xla = ex.xla_memory
+    x_local, w_local = B * D_OUT // 8 * F32, D_OUT // 8 * H_OUT * F32
+    assert (xla["output"], xla["temp"]) == (OUT, OUT)
+    assert xla["argument"] + xla["output"] + xla["temp"] - xla["alias"] == x_local + w_local + 2 * OUT
+    assert ex.predicted.memory_bytes == x_local + w_local + 2 * OUT
+
+
+def _combined_fn(x, w1, w2):
+    return jnp.sum(jnp.sin(x @ w1) * jnp.sin(jnp.tanh(x) @ w2))
+
+
+def test_combined_all_reduce_writes_its_members_results_at_its_collective():
+    """Two independent partial contractions, x @ w1 and tanh(x) @ w2: XLA:CPU combines their
+    all-reduces into one after the second dot (costmodel/combine.py). While that dot runs, its
+    input tanh(x) (the larger, read last there) and both partial sums are live; the two reduced
+    results are written only at the combined all-reduce, after tanh(x) is freed. So the second
+    dot's contraction phase holds x, w1, w2, tanh(x) and two partial sums, not the first result
+    as well (the model's figure before: 32 KiB more)."""
+    d = 8 * 512
+    args = (jnp.ones((B, d), jnp.float32), jnp.ones((d, H), jnp.float32), jnp.ones((d, H), jnp.float32))
+    g = trace(_combined_fn, *args)
+    assert split_reductions(g)["dot_general_1"] == ("tanh_0",)
+    ex = execute(g, "d:8", "d4096:d", args=args, repeats=1, reference=False)
+    x_local, w_local, tanh, part = B * d // 8 * F32, d // 8 * H * F32, B * d // 8 * F32, B * H * F32
+    xla = ex.xla_memory
+    assert ex.compiled_hlo_text.count(" all-reduce(") == 1  # one, combined
+    assert tanh + 2 * part <= xla["temp"] < tanh + 3 * part  # buffer-assignment alignment aside
+    assert ex.predicted.memory_bytes == x_local + 2 * w_local + tanh + 2 * part + F32  # + the loss's allocation
 
 
 CASES = [("moe", "rows:2,cols:4", "cpu"), ("transformer", "rows:2,cols:2", "cpu"),

@@ -39,7 +39,8 @@ The point where a computation reduces its gradients together also lists the
 (``memory.combined_reductions``, ``memory.held_bytes``: 0 on hardware that does not).
 The point of an op whose all-reduce may end a combined one
 (``costmodel.combine.combined_all_reduces``) lists a :func:`combined` name for each op that
-may hold its partial sums there (``combine.held_pairs``); which do depends on the layout
+may hold its partial sums there (``combine.held_pairs``; at an op of ``memory.split_reductions``,
+on the collective's point alone: the results are written there); which do depends on the layout
 (the combiner groups all-reduces of the same mesh axes), so a layout sizes them
 (``search.warm.sizes_of``: the held bytes of the members of its groups, 0 for the rest) and,
 like the output allocations, they count in :func:`peak_of` but not in the rows' live sums
@@ -222,9 +223,9 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     points: list[tuple[str, ...]] = []
 
     def add(names: list[str], op: str | None, waiting: tuple[str, ...] = (), copies: tuple[str, ...] = (),
-            own: tuple[str, ...] | None = None) -> None:
+            own: tuple[str, ...] | None = None, combining: bool = True) -> None:
         key = (tuple(sorted(names, key=rank.__getitem__)) + (own if own is not None else (transient(op),) if op else ())
-               + tuple(held(o) for o in waiting) + copies + tuple(waiting_at.get(op, ())))
+               + tuple(held(o) for o in waiting) + copies + (tuple(waiting_at.get(op, ())) if combining else ()))
         if key not in seen:
             seen.add(key)
             points.append(key)
@@ -248,7 +249,7 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
             continue
         # a split reduction (memory.split_reductions): the contraction's phase, its output as result(op),
         # then the collective's, without the op's last reads and the copies freed after it
-        add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)))
+        add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)), combining=False)
         gone = set(split[op])
         freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
         add([n for n in live if n not in gone], op, waiting, freed, (partial(op),))
