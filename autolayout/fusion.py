@@ -9,7 +9,9 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "topological", "with_fusion"]
+import numpy as np
+
+__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "topological", "with_fusion"]
 
 
 # Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
@@ -32,6 +34,24 @@ def expensive(op: Any) -> bool:
     if op.fn not in EXPENSIVE_ELEMENTWISE or "float" not in op.output.dtype:
         return False
     return op.fn != "div" or len(op.inputs) >= 2
+
+
+def identity(op: Any) -> bool:
+    """Whether element-wise ``op`` is its one tensor operand unchanged: a multiplication by a
+    literal one or an addition of a literal zero, of the output's shape and dtype. XLA's
+    ``AlgebraicSimplifier`` replaces such an op by its operand (``A*1 => A``, ``A+0 => A``,
+    openxla/xla ``xla/hlo/transforms/simplifiers/algebraic_simplifier.cc``), so it takes no
+    buffer and its readers read the operand (a loss ``sum(y * dy)``'s cotangent ``dy * 1``;
+    ``tests/test_fusion.py``: the optimized HLO's dot reads the parameter)."""
+    if op.kind != "elementwise" or op.fn not in ("mul", "add") or op.replay is None or len(op.inputs) != 1:
+        return False
+    lits = [o[1] for o in op.replay.operands if o[0] == "literal"]
+    tens = [o for o in op.replay.operands if o[0] == "tensor"]
+    if len(lits) != 1 or len(tens) != 1 or op.input_shapes[0] != op.output.shape:
+        return False
+    if op.input_dtypes and op.input_dtypes[0] != op.output.dtype:
+        return False
+    return bool(np.all(np.asarray(lits[0]) == (1 if op.fn == "mul" else 0)))
 
 
 def topological(ops: Sequence[Any], by_name: Mapping[str, Any]) -> list[Any]:
@@ -57,7 +77,8 @@ def topological(ops: Sequence[Any], by_name: Mapping[str, Any]) -> list[Any]:
 def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
     (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
-    elementwise op of the same loop and it is not a graph output, unless it is
+    elementwise op of the same loop and it is not a graph output (an :func:`identity` is never
+    materialised, whatever its consumers: XLA reads its operand instead), unless it is
     :func:`expensive` and would be fused into more than one materialised op: XLA does not
     duplicate an expensive producer into several fusions (openxla/xla
     ``xla/service/instruction_fusion.cc``, ``InstructionFusion::ShouldFuse``: a fusion that
@@ -86,6 +107,8 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             return False
         if op.kind != "elementwise" and not (op.kind == "reshape" and op.fn == "slice"):
             return True
+        if identity(op):
+            return False
         us = users.get(name, [])
         return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
 
@@ -101,4 +124,9 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             m = len(into) > 1 and expensive(op) and not op.attr(ON_CHIP)
             sinks[op.name] = into
         mat[op.name] = m
-    return [dataclasses.replace(op, hbm=tuple(mat[i] for i in op.inputs) + (mat[op.name],)) for op in ops]
+    def read(name: str) -> bool:  # an identity's reader reads its operand from memory
+        while identity(by_name[name]):
+            name = by_name[name].inputs[0]
+        return mat[name]
+
+    return [dataclasses.replace(op, hbm=tuple(read(i) for i in op.inputs) + (mat[op.name],)) for op in ops]

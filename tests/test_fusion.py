@@ -1,0 +1,59 @@
+"""Element-wise identities (``fusion.identity``): XLA's AlgebraicSimplifier replaces ``A * 1`` and
+``A + 0`` by ``A``, so such an op takes no buffer and its readers read its operand, even where a
+dot reads it (where an element-wise op would otherwise be materialised). Checked against XLA's
+optimized HLO and ``memory_analysis()``, and by hand.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from autolayout import execute, trace
+from autolayout.fusion import identity
+
+B, K, N = 64, 8, 4096  # dy [B, N] is 1 MiB; x [B, K] and the result [K, N] are small
+F32 = 4
+
+FNS = {
+    "times_one": (lambda dy: dy * 1.0, True),
+    "one_times": (lambda dy: 1.0 * dy, True),
+    "plus_zero": (lambda dy: dy + 0.0, True),
+    "times_two": (lambda dy: dy * 2.0, False),
+    "plus_one": (lambda dy: dy + 1.0, False),
+    "times_ones_row": (lambda dy: dy * jnp.ones((N,)), True),
+    "times_ones_but_one": (lambda dy: dy * np.r_[0.5, np.ones(N - 1)].astype(np.float32), False),
+}
+
+
+def _step(fn):
+    def f(x, dy):
+        return x.T @ fn(dy)
+    return f
+
+
+ARGS = (jnp.ones((B, K), jnp.float32), jnp.ones((B, N), jnp.float32))
+
+
+@pytest.mark.parametrize("name", list(FNS))
+def test_identity_is_the_element_wise_op_xla_removes(name):
+    fn, removed = FNS[name]
+    text = jax.jit(_step(fn)).lower(*ARGS).compile().as_text()
+    xla_removed = "multiply(" not in text and " add(" not in text
+    assert xla_removed == removed
+    g = trace(_step(fn), *ARGS)
+    op, = [o for o in g.ops() if o.kind == "elementwise"]
+    assert identity(op) == removed
+    assert op.materialised == (not removed)  # read by a dot: materialised unless XLA removes it
+
+
+def test_identity_read_by_a_dot_takes_no_memory_as_in_xla():
+    """``x.T @ (dy * 1.0)``: XLA's dot reads ``dy`` itself (no temp); the model's peak is the
+    arguments and the output, not a third 1 MiB buffer for ``dy * 1.0`` (2230272 bytes before)."""
+    g = trace(_step(FNS["times_one"][0]), *ARGS)
+    ex = execute(g, "d:8", "", args=ARGS, repeats=1, reference=False)
+    xla = ex.xla_memory
+    assert xla["temp"] == 0
+    assert ex.predicted.memory_bytes == (B * K + B * N + K * N) * F32
+    assert ex.predicted.memory_bytes == xla["argument"] + xla["output"] + xla["temp"] - xla["alias"]
