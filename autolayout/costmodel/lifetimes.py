@@ -116,13 +116,15 @@ def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
 def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, ...]]) -> str | None:
     """The operand whose buffer element-wise op ``name`` may write its result into: a
     materialised tensor it reads (directly or through fused element-wise ops) with the same
-    dims and dtype, not an argument or output (XLA never overwrites those unless donated).
+    dims and dtype, not an argument or output (XLA never overwrites those unless donated), in
+    the output's order or in another one XLA computes the op in (:func:`_same_buffer`).
     Whether that read is the operand's last is the caller's check."""
     op = graph.op(name)
     if op.kind != "elementwise" or not op.materialised:
         return None
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     seen: set[str] = set()
+    sources: list[str] = []  # the materialised tensors the op reads
     stack = list(op.inputs)
     while stack:
         n = stack.pop(0)
@@ -133,11 +135,37 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
         if not src.materialised and src.kind == "elementwise":
             stack.extend(src.inputs)  # fused into this op: read its operands
             continue
-        t = src.output
+        sources.append(n)
+    for n in sources:
+        t = graph.tensor(n)
         if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
-                and t.shape == op.output.shape and t.dtype == op.output.dtype):
+                and t.dtype == op.output.dtype and _same_buffer(graph, n, name, sources, readers)):
             return n
     return None
+
+
+def _same_buffer(graph: Graph, src: str, name: str, sources: list[str], readers: Mapping[str, tuple[str, ...]]
+                 ) -> bool:
+    """Whether element-wise ``name`` can write over its operand ``src``: the same dims in the same
+    order, or in another order where every op reading ``name`` is a contraction and every other
+    operand of the same dims is in ``src``'s order. XLA's layout assignment then computes the op
+    in its operands' layout and leaves the transpose to the dots reading it (dot dimension
+    numbers), so the buffer is shared (XLA:CPU's optimized HLO of the zoo moe: the expert ReLU,
+    ``max`` of the transposed ``w1`` contraction, is ``broadcast_maximum_fusion`` in ``dot``'s
+    order, in place); where operands disagree one is transposed in the op, a copy fusion with a
+    buffer of its own (the ReLU's backward mask of two contractions in different orders), and an
+    op read by other ops keeps its order (llama's causal-mask ``select`` of the transposed scores,
+    read by the softmax's reductions)."""
+    shape, out = graph.tensor(src).shape, graph.op(name).output.shape
+    if tuple(shape) == tuple(out):
+        return True
+    dims = sorted(shape, key=str)
+    if dims != sorted(out, key=str) or not readers.get(name):
+        return False
+    if any(graph.op(u).kind != "einsum" for u in readers[name]):
+        return False
+    return all(tuple(graph.tensor(m).shape) == tuple(shape) for m in sources
+               if m != src and sorted(graph.tensor(m).shape, key=str) == dims)
 
 
 def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:

@@ -33,7 +33,8 @@ holds the two side by side):
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
   operand of the same shape and dtype read for the last time there (XLA shares the
-  buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users;
+  buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users; the same
+  dims in another order where dots alone read the result, ``lifetimes._same_buffer``;
   :func:`~autolayout.costmodel.lifetimes.in_place_operand`; where contractions read that result in two orders on a backend
   that copies dot operands, the operand stays live beside it: :func:`~autolayout.costmodel.copies.copy_spans`).
 
@@ -73,9 +74,8 @@ ZeRO layouts of ``mlp``, under both XLA:CPU schedulers). The combiner merges oth
 all-reduces that do not depend on one another too (a split ``d_model``'s q, k and v
 projections): which do depends on the layout, and ``peak_memory``'s ``groups``
 (:func:`~autolayout.costmodel.combine.combined_all_reduces`) hold their partial sums the same
-way; where the last member is an op of :func:`split_reductions`, the members' reduced results are
-written at its collective's phase, not while its contraction runs (``tests/test_memory_phases.py``:
-XLA:CPU's temp heap of two combined partial contractions). The
+way (the members' results are written at the last's collective phase where it is an op of
+:func:`split_reductions`: ``tests/test_memory_phases.py``). The
 breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parameters'
 gradients) and ``activations`` (everything else: inputs, saved activations,
 temporaries, outputs that are not parameters or optimizer state), and ``transient``
@@ -316,12 +316,9 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     (``storage.REDUCING``'s einsums and reductions) whose output takes memory of its own and is
     not on a parameter's gradient path (:func:`combined_reductions`: those keep their partial sums
     for the combined reduction where the backend has one, and their bytes change with the
-    parameter's storage options) nor written over a donated argument. A step's output is listed
-    too: its allocation, taken for the whole call, is written by the collective, and until then
-    it can hold a temporary as any unwritten output's can (``_output_peak``; XLA:CPU holds
-    ``tanh(x)`` in the allocation of a returned ``psum(tanh(x) @ w)``,
-    ``tests/test_memory_phases.py``; ``benchmarks/memory_vs_xla.py``: 65 -> 66 of 76 chosen
-    layouts, 61 -> 62 and 117 -> 119 of 72 and 144 drawn at random within 10%, none worse)."""
+    parameter's storage options) nor written over a donated argument. A step's output too: its
+    whole-call allocation, written by the collective, can hold a temporary until then
+    (``_output_peak``; ``tests/test_memory_phases.py``, DESIGN §11)."""
     outputs = set(getattr(graph, "donated", {}))
     gradient = {o for _, ops in combined_reductions(graph).values() for o in ops}
 
