@@ -51,7 +51,9 @@ def identity(op: Any) -> bool:
         return False
     if op.input_dtypes and op.input_dtypes[0] != op.output.dtype:
         return False
-    return bool(np.all(np.asarray(lits[0]) == (1 if op.fn == "mul" else 0)))
+    value = np.asarray(lits[0])  # a scalar broadcast to the op's shape: compare its one element, not the view
+    value = value[tuple(0 if stride == 0 else slice(None) for stride in value.strides)]
+    return bool(np.all(value == (1 if op.fn == "mul" else 0)))
 
 
 def topological(ops: Sequence[Any], by_name: Mapping[str, Any]) -> list[Any]:
@@ -107,11 +109,12 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             return False
         if op.kind != "elementwise" and not (op.kind == "reshape" and op.fn == "slice"):
             return True
-        if identity(op):
+        if name in identities:
             return False
         us = users.get(name, [])
         return not us or any(u.kind != "elementwise" or u.loop != op.loop for u in us)
 
+    identities = {op.name for op in ops if identity(op)}
     mat: dict[str, bool] = {}
     sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
     for op in reversed(topological(ops, by_name)):  # consumers first
@@ -125,7 +128,7 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             sinks[op.name] = into
         mat[op.name] = m
     def read(name: str) -> bool:  # an identity's reader reads its operand from memory
-        while identity(by_name[name]):
+        while name in identities:
             name = by_name[name].inputs[0]
         return mat[name]
 

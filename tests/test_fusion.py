@@ -57,3 +57,18 @@ def test_identity_read_by_a_dot_takes_no_memory_as_in_xla():
     assert xla["temp"] == 0
     assert ex.predicted.memory_bytes == (B * K + B * N + K * N) * F32
     assert ex.predicted.memory_bytes == xla["argument"] + xla["output"] + xla["temp"] - xla["alias"]
+
+
+def test_identity_of_a_huge_abstract_step_compares_the_literal_not_its_broadcast():
+    """The cotangent ``dy * 1`` of a loss ``sum(y * dy)`` whose one is broadcast to a 2^37-element
+    shape (an abstract GPT-3-sized activation): the rule reads the literal's one value; comparing
+    the broadcast view would need a 128 GiB boolean array."""
+    m, n = 1 << 19, 1 << 18
+
+    def grad_w(w, x, dy):
+        return jax.grad(lambda w: jnp.sum((x @ w) * dy))(w)
+
+    g = trace(grad_w, jax.ShapeDtypeStruct((K, n), jnp.float32), jax.ShapeDtypeStruct((m, K), jnp.float32),
+              jax.ShapeDtypeStruct((m, n), jnp.float32))
+    ident = [o for o in g.ops() if identity(o)]
+    assert [o.inputs for o in ident] == [("dy",)] and not ident[0].materialised
