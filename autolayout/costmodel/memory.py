@@ -319,12 +319,12 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     parameter's storage options) nor written over a donated argument. A step's output too: its
     whole-call allocation, written by the collective, can hold a temporary until then
     (``_output_peak``; ``tests/test_memory_phases.py``, DESIGN §11)."""
-    outputs = set(getattr(graph, "donated", {}))
+    donated = set(getattr(graph, "donated", {}))
     gradient = {o for _, ops in combined_reductions(graph).values() for o in ops}
 
     def listed(n: str) -> bool:
         op = graph.op(n)
-        return (op.kind in ("einsum", "reduce") and op.materialised and n not in outputs and n not in gradient
+        return (op.kind in ("einsum", "reduce") and op.materialised and n not in donated and n not in gradient
                 and op.output.role not in ("input", "param", "opt_state"))
 
     units, alloc, free = lifetimes(graph)
@@ -574,8 +574,8 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     for n in names:
         breakdown[category[n]] += size[n]
     for what, b in extras:
-        breakdown[category[what[7:]] if what.startswith("result:") else "activations" if what == "copy"
-                  else "transient"] += b
+        breakdown[category[what.removeprefix("result:")] if what.startswith("result:") else "activations"
+                  if what == "copy" else "transient"] += b
     # each output allocation not yet written counts what the temporaries it holds leave of it
     left = [size[o] for o in free_outs]
     for b, k in zip(buffers, output_placement(buffers, left)):
