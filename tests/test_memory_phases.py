@@ -17,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 from autolayout import execute, models, predict, trace
 from autolayout.core import Mesh
 from autolayout.costmodel.attention import kernel_graph
-from autolayout.costmodel.memory import combined_reductions, split_reductions
+from autolayout.costmodel.gradients import combined_reductions
+from autolayout.costmodel.memory import split_reductions
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import live_points, partial, peak_of

@@ -11,7 +11,7 @@ combined all-reduce runs, after the last member's contraction, and their reduced
 written there.
 
 ``costmodel/memory.py`` already holds a step's parameter gradients that way
-(:func:`~autolayout.costmodel.memory.combined_reductions`, a group fixed by the graph). This
+(:func:`~autolayout.costmodel.gradients.combined_reductions`, a group fixed by the graph). This
 module groups the other all-reduces, which depend on the layout: the q, k and v projections of
 a layer whose ``d_model`` is split (three partial sums over the same axes, none an ancestor of
 another: XLA reduces them with one all-reduce, measured in the optimized HLO of
@@ -33,6 +33,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
+from autolayout.costmodel.gradients import combined_reductions
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.placement import ALL_REDUCE
 from autolayout.costmodel.plan import OpPlan
@@ -53,9 +54,7 @@ def _computations(graph: Graph) -> list[tuple[str | None, list[str]]]:
 def _statics(graph: Graph) -> tuple[dict, dict, frozenset]:
     """``(positions, readers, gradient ops)``: each op's position in its computation
     (top-level positions are those of ``graph.schedule``, as ``memory`` counts them), each
-    op's readers, and the ops the gradient group of ``memory.combined_reductions`` holds."""
-    from autolayout.costmodel.memory import combined_reductions
-
+    op's readers, and the ops the gradient group of ``gradients.combined_reductions`` holds."""
     pos: dict[str, tuple[str | None, int]] = {}
     for i, u in enumerate(graph.schedule):
         if not isinstance(u, Loop):

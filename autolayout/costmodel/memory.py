@@ -61,16 +61,9 @@ an op of :func:`split_reductions` counts the larger of ``inputs + partial sums``
 + result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``).
 
 On a backend that reduces a step's parameter gradients together
-(``Hardware.combines_gradient_reductions``: XLA:CPU), every op that reduces a parameter's
-gradient (:func:`combined_reductions`, per computation: the top level and each scan body)
-also holds its unreduced partial sums (:func:`held_bytes`) at the point where the last of
-them runs, the point where XLA reduces them all: their all-reduces are combined into one
-(XLA:CPU's ``CpuAllReduceCombiner`` with no byte threshold, ``kCombineBytes =
-std::numeric_limits<int64_t>::max()``, openxla/xla ``xla/service/cpu/cpu_compiler.cc``;
-``AllReduceCombiner`` merges only all-reduces that do not depend on one another, which a
-step's gradients never do), and its scheduler puts the gradients' reduce-scatters after
-the last gradient contraction as well (measured: ``benchmarks/memory_vs_xla.py``'s
-ZeRO layouts of ``mlp``, under both XLA:CPU schedulers). The combiner merges other
+(``Hardware.combines_gradient_reductions``: XLA:CPU), every op that may reduce a parameter's
+gradient counts its contraction's phase alone where it runs, and the reduction is a point of its
+own, where XLA's scheduler runs it (:mod:`autolayout.costmodel.gradients`). The combiner merges other
 all-reduces that do not depend on one another too (a split ``d_model``'s q, k and v
 projections): which do depends on the layout, and ``peak_memory``'s ``groups``
 (:func:`~autolayout.costmodel.combine.combined_all_reduces`) hold their partial sums the same
@@ -94,18 +87,17 @@ from typing import Mapping
 from autolayout.core import Mesh
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
+from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.sharing import spans as shared_spans
-from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "gradient_reducers", "transient_bytes", "partial_bytes", "split_reductions",
-           "deferred_reductions", "held_bytes", "combined_reductions", "stored_itemsize", "stored_bytes",
-           "operand_copy_bytes"]
+__all__ = ["peak_memory", "transient_bytes", "partial_bytes", "split_reductions", "held_bytes", "stored_itemsize",
+           "stored_bytes", "operand_copy_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -156,7 +148,7 @@ def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
 
 def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     """Bytes of the op planned as ``p`` that stay live until the step reduces its gradients
-    together, when ``op`` is one of :func:`combined_reductions` and
+    together, when ``op`` is one of :func:`~autolayout.costmodel.gradients.combined_reductions` and
     ``hardware.combines_gradient_reductions`` (module docstring): the unreduced partial sums
     of its output, as :func:`transient_bytes` counts them while their collective runs
     (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
@@ -241,66 +233,6 @@ def stored_bytes(graph: Graph, local_bytes: Mapping[str, int], hardware: Hardwar
     return out
 
 
-class _EveryDimSplit(dict):
-    """``axes_of`` with every dim split: :func:`~autolayout.costmodel.storage.gradient_walk`
-    then stops at the first reducing op on each path back from a gradient, whatever the
-    layout."""
-
-    def get(self, key, default=None):  # noqa: ANN001, ANN201 (a Mapping's get)
-        return ("*",)
-
-
-@lru_cache(maxsize=256)
-def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
-    """Per computation (``None``: the top level; a loop's name: its body), the ops that may reduce
-    a parameter's gradient: the first reducing op on each path back from it
-    (:func:`~autolayout.costmodel.storage.gradient_walk`, every dim taken as split); whether one
-    does depends on the layout. The schedule does not enter (:func:`combined_reductions` adds where
-    the last of them runs)."""
-    body_loop = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    found: dict[str | None, set[str]] = {}
-    for param in graph.param_roles:
-        ops, _ = gradient_walk(graph, param, _EveryDimSplit())
-        for o in ops:
-            found.setdefault(body_loop.get(o), set()).add(o)
-    return MappingProxyType({k: frozenset(v) for k, v in found.items()})
-
-
-@lru_cache(maxsize=256)
-def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
-    """Where the step reduces its parameter gradients together (module docstring), per
-    computation (``None``: the top level; a loop's name: its body, once per iteration):
-    ``(position, ops)``, the ops that may reduce a parameter's gradient (the first reducing
-    op on each path back from it, :func:`~autolayout.costmodel.storage.gradient_walk`;
-    whether one does depends on the layout: :func:`held_bytes` is 0 where it does not) and
-    the position of the last of them (a schedule unit of ``graph.schedule``, or a position
-    in the loop's body)."""
-    unit_of = {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}
-    out = {}
-    for loop, ops in gradient_reducers(graph).items():
-        pos = unit_of if loop is None else {n: i for i, n in enumerate(graph.loops[loop].body)}
-        ops = sorted(set(ops), key=pos.__getitem__)
-        out[loop] = (pos[ops[-1]], tuple(ops))
-    return out
-
-
-@lru_cache(maxsize=256)
-def deferred_reductions(graph: Graph, combines: bool) -> frozenset[str]:
-    """The ops of :func:`combined_reductions` other than the last of their computation where
-    ``combines`` (``Hardware.combines_gradient_reductions``: the backend combines the gradients'
-    all-reduces; none elsewhere, where each op reduces its own). Each writes its partial sums where it runs and its reduced result is allocated at the
-    combined all-reduce, after the last. So where it writes partial sums :func:`peak_memory`
-    counts it at its own position without its output (the contraction's phase of
-    :func:`split_reductions`, ``inputs + partial sums``); from there to the combined reduction its
-    output's bytes stand for the partial sums. In the traced order the gradient contractions run
-    late, near the combined reduction, and this changed no measured row; in a breadth-first order
-    (``costmodel.order``) one runs as soon as its operands are ready, beside the forward's
-    activations (measured: the zoo moe's data-parallel step, ``tests/test_memory_xla.py``)."""
-    if not combines:
-        return frozenset()
-    return frozenset(o for _, ops in combined_reductions(graph).values() for o in ops[:-1])
-
-
 @lru_cache(maxsize=256)
 def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     """The ops whose reduction :func:`peak_memory` counts in a phase of its own, each with the
@@ -314,7 +246,7 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     instruction to its last use). So the op holds ``inputs + partial sums`` and then
     ``partial sums + result``, never the three together. Listed: the reducing ops
     (``storage.REDUCING``'s einsums and reductions) whose output takes memory of its own and is
-    not on a parameter's gradient path (:func:`combined_reductions`: those keep their partial sums
+    not on a parameter's gradient path (:func:`~autolayout.costmodel.gradients.combined_reductions`: those keep their partial sums
     for the combined reduction where the backend has one, and their bytes change with the
     parameter's storage options) nor written over a donated argument. A step's output too: its
     whole-call allocation, written by the collective, can hold a temporary until then
@@ -350,7 +282,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
-    reduction (:func:`held_bytes`, :func:`combined_reductions`) and the operand copies
+    reduction (:func:`held_bytes`; :mod:`~autolayout.costmodel.gradients`) and the operand copies
     ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
     producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
@@ -364,18 +296,21 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
     copies freed there + partials`` (the collective); ``combines``
-    (``Hardware.combines_gradient_reductions``): an op of :func:`deferred_reductions` counts
-    the contraction's phase alone (its collective is the combined one)."""
+    (``Hardware.combines_gradient_reductions``): an op of ``gradients.deferred_reductions`` counts
+    the contraction's phase alone, and the combined reduction counts where it runs, right after
+    a unit (``gradients.combined_point``: that unit's last reads and the conversions and copies
+    freed there gone, ``gradients.gradient_bytes`` held)."""
     temps = temps or {}
     held = held or {}
     phases = _Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
     spans = _spans(graph, copies or {}, gathered or {}, early)
-    combined: dict[str | None, tuple] = {k: (v,) for k, v in combined_reductions(graph).items()}
-    for k, gs in (groups or {}).items():
-        combined[k] = combined.get(k, ()) + tuple(gs)
+    combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
+    after = {loop: (at, freed, gradient_bytes(ops, held, partials or {}))
+             for (loop, (_, ops)), (at, freed) in zip(combined_reductions(graph).items(), combined_point(graph).values())
+             } if combines else {}
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
-                         phases)  # outputs allocated for the whole call
+                         phases, after)  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None, ()), units, held)
@@ -390,25 +325,36 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         delta[stop + 1] -= b
     best, best_at, running = -1, 0, 0
     runs, bodies = [], {}
+    top_after = after.get(None)
+    peak_after = False  # whether the peak is the combined gradient reduction's point, after unit best_at
     for i, u in enumerate(units):
         running += delta[i]
         runs.append(running)
         total = running
         if isinstance(u, Loop):
             bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name, ()), u.body, held),
-                                   spans.get(u.name, ()), phases)
+                                   spans.get(u.name, ()), phases, after.get(u.name))
             total += bodies[i][0]
         else:
             total += temps.get(u, 0) + waiting.get(i, 0)
             if phases.listed(u):
                 total = max(phases.totals(u, total, running, waiting.get(i, 0), spans.get(None, ()), i))
         if total > best:
-            best, best_at = total, i
+            best, best_at, peak_after = total, i, False
+        if top_after is not None and top_after[0] == i:
+            there = (running - sum(size[n] for n in top_after[1])
+                     - sum(b for _, stop, b, _ in spans.get(None, ()) if stop == i) + sum(top_after[2]))
+            if there > best:
+                best, best_at, peak_after = there, i, True
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
     unit = units[best_at] if units else None
-    if isinstance(unit, Loop):
+    if peak_after:  # the combined gradient reduction, after unit best_at
+        gone = set(top_after[1])
+        live, body_live, transient = [n for n in live if n not in gone], [], sum(top_after[2])
+        here = _copies_at(spans.get(None, ()), best_at, False)
+    elif isinstance(unit, Loop):
         body_live, body_op, body_at, transient, body_freed = bodies[best_at][1:]
         here = _copies_at(spans.get(None, ()), best_at) + _copies_at(spans.get(unit.name, ()), body_at,
                                                                      not body_freed)
@@ -441,7 +387,7 @@ class _Phases:
     def listed(self, op) -> bool:
         """Whether ``op`` is counted in two phases (:func:`split_reductions`; where its layout
         reduces nothing, the contraction's phase is the op's whole count and the other one less)
-        or in the contraction's alone (:func:`deferred_reductions`)."""
+        or in the contraction's alone (``gradients.deferred_reductions``)."""
         return op in self.split or op in self.deferred
 
     def result(self, op: str) -> int:
@@ -481,7 +427,7 @@ def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
 
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
-               waiting: Mapping[int, int], spans=(), phases: _Phases | None = None
+               waiting: Mapping[int, int], spans=(), phases: _Phases | None = None, after=None
                ) -> tuple[int, list, str | None, int, int, bool]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
     with the transient bytes of the op running there (and the ``waiting`` held bytes of the
@@ -497,7 +443,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
     for start, stop, b, _ in spans:
         delta[start] += b
         delta[stop + 1] -= b
-    best, best_at, running = 0, 0, 0
+    best, best_at, running, peak_after = 0, 0, 0, False
     runs = []
     for i in range(end):
         running += delta[i]
@@ -507,11 +453,18 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
         if phases is not None and phases.listed(op):
             total = max(phases.totals(op, total, running, waiting.get(i, 0), spans, i))
         if total > best:
-            best, best_at = total, i
+            best, best_at, peak_after = total, i, False
+        if after is not None and after[0] == i:  # the combined gradient reduction, after op i
+            there = running - sum(size[n] for n in after[1]) - sum(b for _, stop, b, _ in spans if stop == i) + sum(after[2])
+            if there > best:
+                best, best_at, peak_after = there, i, True
     if not end:
         return best, [], None, 0, 0, False
     op = lp.body[best_at]
     live = [n for n in lp.body if order[n] <= best_at <= last[n]]
+    if peak_after:
+        gone = set(after[1])
+        return best, [n for n in live if n not in gone], None, best_at, sum(after[2]), True
     transient = temps.get(op, 0) + waiting.get(best_at, 0)
     ending = True
     if phases is not None and phases.listed(op):
@@ -522,13 +475,15 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
-                 spans: Mapping[str | None, list], combined: Mapping, phases: _Phases) -> tuple[int, dict] | None:
+                 spans: Mapping[str | None, list], combined: Mapping, phases: _Phases,
+                 after: Mapping) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
     bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
     :func:`copy_span_bytes` live there) plus ``outputs.unplaced_output_bytes`` of
-    the outputs not yet written there (``combined``: :func:`combined_reductions`), an op of
+    the outputs not yet written there (``combined``: the combined all-reduces' groups; ``after``:
+    the combined gradient reductions' points, ``gradients.combined_point``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
@@ -568,6 +523,17 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                 own = _copies_at(spans.get(loop, ()), j, False)
             point(i, [n for n in live if n not in gone], [("transient", phases.partials.get(op, 0))] + held_here + top
                   + list(own))
+        here = after.get(loop)
+        if here is not None and here[0] == (i if loop is None else j):  # the combined gradient reduction
+            gone = set(here[1])
+            top = _copies_at(spans.get(None, ()), i, loop is not None)
+            own = () if loop is None else _copies_at(spans.get(loop, ()), j, False)
+            point(i, [n for n in live if n not in gone], [("held", b) for b in here[2]] + top + list(own))
+    here = after.get(None)
+    if here is not None and isinstance(units[here[0]], Loop):  # the combined gradient reduction, after a scan
+        i, gone = here[0], set(here[1])
+        point(i, [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone],
+              [("held", b) for b in here[2]] + _copies_at(spans.get(None, ()), i, False))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}

@@ -25,8 +25,11 @@ their output to memory (``Op.materialised``), each with the element-wise produce
 On hardware that combines the step's gradient all-reduces into one
 (``Hardware.combines_gradient_reductions``: XLA:CPU's ``AllReduceCombiner``), that one
 instruction reads every op that may reduce a gradient in its computation
-(:func:`~autolayout.costmodel.memory.gradient_reducers`) and is read by every op that reads
-them, so the optimizer updates wait for the last gradient. Other collectives are not
+(:func:`~autolayout.costmodel.gradients.gradient_reducers`) and is read by every op that reads
+them, so the optimizer updates wait for the last gradient. It is queued when the last gradient
+leaves the queue, so it runs after the instructions queued before that: the view records the unit
+it runs right after (``Graph.combined_after``, per computation), where the memory model counts the
+gradients' reduction (:mod:`autolayout.costmodel.gradients`). Other collectives are not
 instructions of this order: which ops have one depends on the layout, and the search's memory
 rows need one order per graph (so it stays exact); the rest of the model places each
 collective at its op (``memory.split_reductions``, ``sharing.spans``). A rename of dims is an
@@ -47,11 +50,12 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import readers_of
-from autolayout.costmodel.memory import gradient_reducers
+from autolayout.costmodel.gradients import gradient_reducers
 from autolayout.graph import Graph, Loop
 
 __all__ = ["memory_order", "breadth_first", "fifo_order"]
@@ -71,7 +75,8 @@ def memory_order(graph: Graph, hardware: Hardware) -> Graph:
 def breadth_first(graph: Graph, combined: bool = False) -> Graph:
     """``graph`` with its schedule and its scans' bodies in the order of XLA's
     ``BFSMemoryScheduler`` (module docstring); ``combined``: the gradients' all-reduces run as one
-    instruction. A graph this returned comes back as it is."""
+    instruction, right after the unit ``combined_after[computation]`` of the view (``None``: the
+    top level; a scan's name: its body). A graph this returned comes back as it is."""
     if getattr(graph, "breadth_first_of", None) is not None:
         return graph
     return _breadth_first(graph, combined)
@@ -83,11 +88,14 @@ def _breadth_first(graph: Graph, combined: bool) -> Graph:
     sources = _sources(graph)
     reducers = gradient_reducers(graph) if combined else {}
     loops = []
+    after: dict[str | None, str] = {}  # per computation, the unit the combined reduction runs after
     for lp in graph.loops.values():
         body = set(lp.body)
         nodes = [n for n in lp.body if graph.op(n).materialised]
         deps = {n: [s for s in sources[n] if s in body] for n in nodes}
-        order = fifo_order(nodes, deps, reducers.get(lp.name, frozenset()))
+        full = _fifo(nodes, deps, reducers.get(lp.name, frozenset()))
+        after.update(_before_sync(full, lp.name))
+        order = [n for n in full if n is not _SYNC]
         loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, readers)))
     new_loops = {lp.name: lp for lp in loops}
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
@@ -98,10 +106,13 @@ def _breadth_first(graph: Graph, combined: bool) -> Graph:
         reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
         deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
     top = reducers.get(None, frozenset())
-    order = fifo_order(nodes, deps, top)
+    full = _fifo(nodes, deps, top)
+    after.update(_before_sync(full, None))
+    order = [n for n in full if n is not _SYNC]
     units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in new_loops})
     view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
     view.breadth_first_of = graph
+    view.combined_after = MappingProxyType(after)
     return view
 
 
@@ -147,6 +158,14 @@ def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Ite
         stuck = [n for n in order_in if count[n] > 0][:3]
         raise ValueError(f"fifo_order: a cycle among {stuck}")
     return out
+
+
+def _before_sync(full: list, loop: str | None) -> dict[str | None, str]:
+    """``{loop: node}``: the node the combined gradient reduction (``_SYNC``) runs right after
+    in a computation's first-in first-out order ``full`` (none where it has no such reduction)."""
+    if _SYNC not in full:
+        return {}
+    return {loop: full[full.index(_SYNC) - 1]}
 
 
 def _sources(graph: Graph) -> dict[str, list[str]]:

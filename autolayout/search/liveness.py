@@ -22,7 +22,7 @@ An op of ``memory.split_reductions`` gives two points, as ``predict`` counts it:
 (its output listed as :func:`result`, 0 bytes where the layout makes it write partial sums) and the
 collective's (without the tensors it reads for the last time and the copies freed after it, with
 its :func:`partial` sums). Where the hardware combines the gradients' all-reduces, an op of
-``memory.deferred_reductions`` gives the contraction's point alone.
+``gradients.deferred_reductions`` gives the contraction's point alone.
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -34,9 +34,11 @@ point) and ``search/solver.py`` cuts off a layout that meets them but not :func:
 (a no-good cut: exact, one layout at a time), and adds a linear relaxation of that point's
 output allocations (``search.model.LayoutModel.add_output_row``).
 
-The point where a computation reduces its gradients together also lists the
-:func:`held` bytes of its other gradient-reducing ops
-(``memory.combined_reductions``, ``memory.held_bytes``: 0 on hardware that does not).
+Where the hardware combines the gradients' all-reduces, the point where a computation reduces
+its gradients (``gradients.combined_point``: right after a unit, its last reads and the copies
+freed there gone) lists the :func:`held` bytes of its gradient-reducing ops but the last
+(``memory.held_bytes``) and the last one's :func:`partial` sums (with their relayout copy;
+``gradients.gradient_bytes``).
 The point of an op whose all-reduce may end a combined one
 (``costmodel.combine.combined_all_reduces``) lists a :func:`combined` name for each op that
 may hold its partial sums there (``combine.held_pairs``; at an op of ``memory.split_reductions``,
@@ -54,7 +56,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.combine import held_pairs
-from autolayout.costmodel.memory import combined_reductions, deferred_reductions, split_reductions
+from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions
+from autolayout.costmodel.memory import split_reductions
 
 from autolayout.costmodel.copies import copy_spans
 
@@ -209,8 +212,8 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`);
     ``combines``: ``Hardware.combines_gradient_reductions``, whose combined all-reduces add the
     :func:`combined` names (``costmodel.combine.held_pairs``)."""
-    units = lifetimes(graph)[0]
-    gradients = combined_reductions(graph)
+    gradients = combined_reductions(graph) if combines else {}
+    points_after = combined_point(graph) if combines else {}
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     split = split_reductions(graph)
@@ -237,29 +240,32 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)
-        if loop is None or op is None:  # a top-level op, or an empty loop body
-            waiting, copies = _waiting(gradients.get(None), units, i), top
-        else:
-            waiting, copies = _waiting(gradients.get(loop), graph.loops[loop].body, j), top + copies_at(loop, j)
+        copies = top if loop is None or op is None else top + copies_at(loop, j)
         if op in deferred:  # reduced at the combined reduction: the contraction's phase alone
-            add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)))
-            continue
-        if op not in split:
-            add(list(live), op, waiting, copies)
-            continue
-        # a split reduction (memory.split_reductions): the contraction's phase, its output as result(op),
-        # then the collective's, without the op's last reads and the copies freed after it
-        add([n for n in live if n != op], op, waiting, copies, (result(op), transient(op)), combining=False)
-        gone = set(split[op])
-        freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
-        add([n for n in live if n not in gone], op, waiting, freed, (partial(op),))
+            add([n for n in live if n != op], op, (), copies, (result(op), transient(op)))
+        elif op not in split:
+            add(list(live), op, (), copies)
+        else:
+            # a split reduction (memory.split_reductions): the contraction's phase, its output as result(op),
+            # then the collective's, without the op's last reads and the copies freed after it
+            add([n for n in live if n != op], op, (), copies, (result(op), transient(op)), combining=False)
+            gone = set(split[op])
+            freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
+            add([n for n in live if n not in gone], op, (), freed, (partial(op),))
+        at = points_after.get(loop)
+        if op is not None and at is not None and at[0] == (i if loop is None else j):
+            # the combined gradient reduction, after this op: memory.gradient_bytes
+            ops = gradients[loop][1]
+            gone = set(at[1])
+            freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
+            add([n for n in live if n not in gone], None, ops[:-1], freed, (partial(ops[-1]),), combining=False)
+    at = points_after.get(None)
+    units, alloc, free = lifetimes(graph)
+    if at is not None and not isinstance(units[at[0]], str):  # after a scan
+        i, gone, ops = at[0], set(at[1]), gradients[None][1]
+        live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
+        add(live, None, ops[:-1], copies_at(None, i, False), (partial(ops[-1]),), combining=False)
     return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
-
-
-def _waiting(group: tuple[int, tuple[str, ...]] | None, units, i: int) -> tuple[str, ...]:
-    """The gradient-reducing ops whose held bytes are live at position ``i`` (the op running
-    there counts its own in its transient bytes)."""
-    return tuple(o for o in group[1] if o != units[i]) if group is not None and group[0] == i else ()
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:

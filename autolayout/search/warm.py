@@ -10,7 +10,8 @@ from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.costmodel.memory import deferred_reductions, split_reductions
+from autolayout.costmodel.gradients import deferred_reductions
+from autolayout.costmodel.memory import split_reductions
 from autolayout.search.liveness import combined, copy, gathered, held, partial, peak_of, result, total_at, transient
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms

@@ -37,7 +37,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import (deferred_reductions, held_bytes, partial_bytes, split_reductions, stored_itemsize,
+from autolayout.costmodel.gradients import deferred_reductions
+from autolayout.costmodel.memory import (held_bytes, partial_bytes, split_reductions, stored_itemsize,
                                          transient_bytes)
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads

@@ -1,0 +1,126 @@
+"""Where a step reduces its parameter gradients, for the memory model.
+
+Every op that may reduce a parameter's gradient (:func:`gradient_reducers`: the first reducing op
+on each path back from it; whether one does depends on the layout) writes its unreduced partial
+sums where it runs. On a backend that reduces them together (``Hardware.combines_gradient_reductions``:
+XLA:CPU) the reduction comes later:
+
+* their all-reduces are combined into one instruction (XLA:CPU's ``CpuAllReduceCombiner`` with no
+  byte threshold, ``kCombineBytes = std::numeric_limits<int64_t>::max()``, openxla/xla
+  ``xla/service/cpu/cpu_compiler.cc``; ``AllReduceCombiner`` merges only all-reduces that do not
+  depend on one another, which a step's gradients never do), which reads every gradient;
+* their reduce-scatters are not combined, but each, with its relayout copy
+  (``memory.partial_bytes``), is an instruction queued after its dot, and XLA:CPU's first-in
+  first-out scheduler (``costmodel/order.py``) runs it after the instructions queued before it:
+  measured in the optimized HLO of ``benchmarks/memory_vs_xla.py``'s ZeRO-3 ``mlp`` step, whose
+  two relayout copies and three reduce-scatters run after the last gradient dot *and* after the
+  input gradient's dot queued before it (the last reader of an all-gathered weight, freed there).
+
+The model has one reduction per computation (:func:`combined_reductions`), a node of the
+breadth-first order that waits for every gradient-reducing op (``costmodel.order``). It runs
+right after the unit the order runs before it (``Graph.combined_after``, set by
+``order.breadth_first``; after the last gradient op in an order that has none): the point of
+:func:`combined_point`, where that unit's last reads are freed and every op's partial sums are
+live (:func:`gradient_bytes`: its held bytes, ``memory.held_bytes``, the last op's with its
+relayout copy, ``memory.partial_bytes``: XLA copies one gradient at a time). Where it runs, each op
+counts its contraction's phase alone (:func:`deferred_reductions`). ``memory.peak_memory`` and the
+search's live sets (``search/liveness.py``) both take these points (one rule). Before the
+reduction was placed where the order runs it (it was counted at the last gradient op, with the
+ops queued before it still to run) the ZeRO-3 ``mlp`` step was 1.31x XLA's peak; 1.02 after.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Mapping
+
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
+from autolayout.costmodel.storage import gradient_walk
+from autolayout.graph import Graph, Loop
+
+__all__ = ["gradient_reducers", "combined_reductions", "combined_point", "gradient_bytes", "deferred_reductions"]
+
+
+class _EveryDimSplit(dict):
+    """``axes_of`` with every dim split: :func:`~autolayout.costmodel.storage.gradient_walk`
+    then stops at the first reducing op on each path back from a gradient, whatever the
+    layout."""
+
+    def get(self, key, default=None):  # noqa: ANN001, ANN201 (a Mapping's get)
+        return ("*",)
+
+
+@lru_cache(maxsize=256)
+def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
+    """Per computation (``None``: the top level; a loop's name: its body), the ops that may reduce
+    a parameter's gradient: the first reducing op on each path back from it
+    (:func:`~autolayout.costmodel.storage.gradient_walk`, every dim taken as split); whether one
+    does depends on the layout. The schedule does not enter (:func:`combined_reductions` adds where
+    they are reduced)."""
+    body_loop = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    found: dict[str | None, set[str]] = {}
+    for param in graph.param_roles:
+        ops, _ = gradient_walk(graph, param, _EveryDimSplit())
+        for o in ops:
+            found.setdefault(body_loop.get(o), set()).add(o)
+    return MappingProxyType({k: frozenset(v) for k, v in found.items()})
+
+
+@lru_cache(maxsize=256)
+def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
+    """Where the step reduces its parameter gradients together (module docstring), per
+    computation (``None``: the top level; a loop's name: its body, once per iteration):
+    ``(position, ops)``, the ops of :func:`gradient_reducers` in schedule order (whether one
+    reduces depends on the layout: ``memory.held_bytes`` is 0 where it does not) and the
+    position of the unit the reduction runs right after (a unit of ``graph.schedule``, or a
+    position in the loop's body): ``graph.combined_after``'s where the order sets it
+    (``order.breadth_first``), else the last op's."""
+    unit_of = {(u.name if isinstance(u, Loop) else u): i for i, u in enumerate(graph.schedule)}
+    after = getattr(graph, "combined_after", {})
+    out = {}
+    for loop, ops in gradient_reducers(graph).items():
+        pos = unit_of if loop is None else {n: i for i, n in enumerate(graph.loops[loop].body)}
+        ops = sorted(set(ops), key=pos.__getitem__)
+        out[loop] = (pos[after[loop]] if loop in after else pos[ops[-1]], tuple(ops))
+    return out
+
+
+@lru_cache(maxsize=256)
+def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
+    """Per computation of :func:`combined_reductions`, ``(position, freed)``: the reduction runs
+    right after the unit at ``position``, which has freed the tensors it read for the last time
+    (``freed``, as ``memory.split_reductions`` lists an op's)."""
+    units, alloc, free = lifetimes(graph)
+    out = {}
+    for loop, (at, _) in combined_reductions(graph).items():
+        if loop is None:
+            out[loop] = (at, tuple(m for m in alloc if free[m] == at and alloc[m] < at))
+        else:
+            body = graph.loops[loop].body
+            order, last = body_lifetimes(graph, graph.loops[loop])
+            out[loop] = (at, tuple(m for m in body if last[m] == at and order[m] < at))
+    return out
+
+
+def gradient_bytes(ops: tuple[str, ...], held: Mapping[str, int], partials: Mapping[str, int]) -> tuple[int, ...]:
+    """The buffers the combined reduction of ``ops`` (:func:`combined_reductions`) holds where it
+    runs, one per op: the held partial sums ``held[op]`` (``memory.held_bytes``), the last op's
+    ``partials[op]`` with their relayout copy (``memory.partial_bytes``: XLA copies one gradient
+    at a time)."""
+    return tuple(held.get(o, 0) for o in ops[:-1]) + (partials.get(ops[-1], 0),)
+
+
+@lru_cache(maxsize=256)
+def deferred_reductions(graph: Graph, combines: bool) -> frozenset[str]:
+    """The ops of :func:`combined_reductions` where ``combines``
+    (``Hardware.combines_gradient_reductions``; none elsewhere, where each op reduces its own).
+    Each writes its partial sums where it runs, and its reduced result is allocated at the
+    combined reduction. So ``memory.peak_memory`` counts it at its own position without its
+    output (the contraction's phase of ``memory.split_reductions``, ``inputs + partial sums``);
+    from there to the reduction its output's bytes stand for the partial sums. In the traced order
+    the gradient contractions run late, near the reduction; in a breadth-first order one runs as
+    soon as its operands are ready, beside the forward's activations (measured: the zoo moe's
+    data-parallel step, ``tests/test_memory_xla.py``)."""
+    if not combines:
+        return frozenset()
+    return frozenset(o for _, ops in combined_reductions(graph).values() for o in ops)
