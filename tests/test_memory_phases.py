@@ -60,6 +60,27 @@ def test_xla_cpu_frees_the_dots_last_read_input_before_its_all_reduce():
     assert c.memory_analysis().temp_size_in_bytes < TANH + PARTIAL + result
 
 
+def test_xla_cpu_copies_a_reduce_scatter_operand_after_its_dot():
+    """psum_scatter of tanh(x) @ w over its minor dim: XLA lays the partial sums out with the scattered
+    dim most major by a copy, an instruction after the dot, so its temp heap holds tanh(x) and the
+    partial sums (the dot), then the partial sums and their copy, then the copy and the result, never
+    the dot's input beside the copy (memory.contraction_bytes)."""
+    mesh = jax.make_mesh((8,), ("d",))
+
+    def body(x, w):
+        return jnp.square(jax.lax.psum_scatter(jnp.tanh(x) @ w, "d", scatter_dimension=1, tiled=True))
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "d"), P("d", None)), out_specs=P(None, "d")))
+    x, w = _args()
+    c = f.lower(jax.device_put(x, NamedSharding(mesh, P(None, "d"))),
+                jax.device_put(w, NamedSharding(mesh, P("d", None)))).compile()
+    text = c.as_text()
+    assert "reduce-scatter(" in text and f"f32[{B},{H}]{{0,1}} copy(" in text  # the relayout copy
+    copy, result = PARTIAL, PARTIAL // 8
+    temp = c.memory_analysis().temp_size_in_bytes
+    assert temp == max(TANH + PARTIAL, PARTIAL + copy, copy + result) < TANH + PARTIAL + copy
+
+
 def test_split_reduction_lists_intermediates_with_their_last_reads():
     g = trace(_fn, *_args())
     split = split_reductions(g)

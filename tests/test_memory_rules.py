@@ -273,6 +273,23 @@ def test_zero3_peak_adds_one_relayout_copy_by_hand():
     assert only_copy.memory["transient"] == 3 * IO * HIDDEN * F32
 
 
+def test_a_reduce_scatters_relayout_copy_is_held_with_its_collective_not_its_contraction():
+    """grad/w [hidden, io] of the mlp's ZeRO-3 step, reduce-scattered over io (a minor dim) on all 8
+    devices: its dot writes the full partial sums (128 KiB); the relayout copy (128 KiB more) is an
+    instruction of its own after the dot (test_memory_phases.py's XLA check), so the op's
+    contraction holds the partial sums alone, its collective both."""
+    from autolayout.costmodel.plan import plan
+    from autolayout.costmodel.rules import price
+
+    g, mesh = _mlp(), Mesh.parse(MESH)
+    p = plan(g, mesh, Layout.parse("batch:data,model|*:data,model@3"))
+    oc = price(p.ops["grad/w"], g.op("grad/w"), mesh, CPU)
+    assert oc.partial_bytes == oc.transient_bytes == 2 * IO * HIDDEN * F32
+    assert oc.contraction_bytes == IO * HIDDEN * F32
+    off = price(p.ops["grad/w"], g.op("grad/w"), mesh, CPU.replace(reduce_scatter_copies=False))
+    assert off.partial_bytes == off.contraction_bytes == IO * HIDDEN * F32
+
+
 def test_rules_are_off_on_accelerator_profiles_and_round_trip():
     for name in known_hardware():
         hw = get_hardware(name)

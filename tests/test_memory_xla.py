@@ -65,8 +65,8 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("equinox_block", ""),  # 0.81 -> 0.95
     ("top2_moe", "batch:data;mlp:model|*:data@3"),  # 0.895 -> 1.045
     ("llama-forward", ""),  # 0.90 -> 0.94 (the logits' allocation, idle at XLA's peak)
-    # 0.88 -> 1.00, but partly by offsetting errors: the model's liveness is 1.17 of XLA's live bytes
-    # here (BF16_ZERO3 below: the donated step's row) and XLA's output allocations hold 82684 B idle
+    # 0.88 -> 1.00, but partly by offsetting errors: the model's liveness was 1.17 of XLA's live bytes
+    # here (as in the donated step's row below, then off) and XLA's output allocations hold 82684 B idle
     # at its peak, which the model now counts
     ("linen_bf16_mlp", "batch:data;mlp:model|*:data@3"),
     # 0.86 before dot operand copies were held from their operands' producers and a value read in two
@@ -109,15 +109,12 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # runs it, after the input gradient's dot (the all-gathered w's last reader) queued before the last
     # gradient dot ended, not at that dot (costmodel/gradients.py; XLA's peak holds 3 x 128 KiB)
     ("mlp-train", "batch:data,model|*:data,model@3"),
+    # 1.165 -> 1.128 with the gradients' reduction where XLA runs it, -> 1.066 once a reduce-scatter's
+    # relayout copy was held with its collective, not its contraction (memory.contraction_bytes): the
+    # model's peak had been at the last gradient dot, its partial sums and their copy beside its inputs
+    ("linen_bf16_mlp-donated", "batch:data;mlp:model|*:data@3"),
 ]
 
-BF16_ZERO3 = (
-    "over-predicted: the model holds every gradient's unreduced float32 partial sums until the last gradient "
-    "contraction (memory.held_bytes: XLA:CPU's schedulers defer the reduce-scatters of the f32 zoo mlp's ZeRO "
-    "layouts), but in this bf16 step XLA reduce-scatters each weight gradient as soon as it is computed "
-    "(optimized HLO: dot -> relayout copy -> reduce-scatter -> bf16 convert, before the next gradient dot), "
-    "so its peak is in the forward pass instead (the float32 all-gathered weights beside their float32 "
-    "converts for the dots, 115 KiB of temp)")
 RENAMES = (
     "over-predicted: the attention's renames of the sequence dim (length -> length_1) of the tensors the key and "
     "value projections read are instructions of the model's breadth-first order (costmodel/order.py), run as "
@@ -140,9 +137,6 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         found="rename_4, rename_5, rename_7: 24 of the 27 KiB over"),
     ("equinox_block-donated", "batch:data;heads:model;mlp:model|*:data@3"): "1.169: " + RENAMES.format(
         found="as in the non-donated row"),
-    ("linen_bf16_mlp-donated", "batch:data;mlp:model|*:data@3"): (
-        "1.128 (1.165 before the gradients' reduction was counted after the last gradient dot freed its last "
-        "reads, costmodel/gradients.py): " + BF16_ZERO3),
 }
 
 

@@ -58,7 +58,9 @@ A contraction (or reduction) whose output is partial runs as two instructions, t
 the partial sums while its inputs are live, then the collective writing the reduced result, and
 buffer assignment frees an input the dot read for the last time before that result is allocated:
 an op of :func:`split_reductions` counts the larger of ``inputs + partial sums`` and ``partial sums
-+ result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``).
++ result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``). A
+reduce-scatter's relayout copy is an instruction of its own between the two, so the contraction's
+phase holds :func:`contraction_bytes` and the collective's the copy too (:func:`partial_bytes`).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that may reduce a parameter's
@@ -96,7 +98,8 @@ from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "partial_bytes", "split_reductions", "held_bytes", "stored_itemsize",
+__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "split_reductions",
+           "phased_reductions", "held_bytes", "stored_itemsize",
            "stored_bytes", "operand_copy_bytes"]
 
 
@@ -129,6 +132,16 @@ def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
 
     ``predict`` and the search's memory rows both count this (one rule)."""
     return int(p.temp_bytes + partial_bytes(p, op, mesh, hardware))
+
+
+def contraction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """The part of :func:`transient_bytes` the op planned as ``p`` holds while its contraction
+    runs: the inputs the plan converts for it and the partial sums it writes, not the relayout
+    copy a reduce-scatter reads (an instruction of its own after the dot, run with the collective:
+    XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
+    An op of :func:`split_reductions` or ``gradients.deferred_reductions`` counts this in its
+    contraction's phase and the copy with its collective (:func:`partial_bytes`)."""
+    return int(p.temp_bytes + _partial_bytes(p, op, mesh, hardware))
 
 
 def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
@@ -272,6 +285,14 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     return MappingProxyType(out)
 
 
+@lru_cache(maxsize=256)
+def phased_reductions(graph: Graph, combines: bool) -> frozenset[str]:
+    """The ops :func:`peak_memory` counts in phases, whose ``temps`` are their contraction's
+    (:func:`contraction_bytes`): those of :func:`split_reductions` and, where ``combines``
+    (``Hardware.combines_gradient_reductions``), of ``gradients.deferred_reductions``."""
+    return frozenset(split_reductions(graph)) | deferred_reductions(graph, combines)
+
+
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
@@ -291,8 +312,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     a top-level value there throughout converted at the step's start; counted as ``transient``),
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
-    ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the part of ``temps[op]``
-    its reduction holds (:func:`partial_bytes`); an op of :func:`split_reductions` with some
+    ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the bytes its reduction
+    holds (:func:`partial_bytes`); an op of :func:`split_reductions` with some (whose ``temps`` are
+    its contraction's, :func:`contraction_bytes`, as for ``gradients.deferred_reductions``'s)
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
     copies freed there + partials`` (the collective); ``combines``

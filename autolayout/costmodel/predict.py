@@ -10,7 +10,7 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
-from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.memory import peak_memory, phased_reductions, stored_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
@@ -119,6 +119,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     hw = get_hardware(hardware)
     graph, mesh = p.graph, p.mesh
     walk = memory_order(graph, hw)  # the order the memory model walks (XLA:CPU's breadth-first schedule)
+    phased = phased_reductions(walk, hw.combines_gradient_reductions)
     overlap = overlappable(graph, hw)
     rows, colls = [], []
     temps: dict[str, int] = {}
@@ -133,8 +134,9 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
         oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
         extra = copy_transient_bytes(walk, op.name, oc.operand_copy_bytes)  # dot operand copies
-        if oc.transient_bytes or extra:
-            temps[op.name] = oc.transient_bytes + extra
+        own = oc.contraction_bytes if op.name in phased else oc.transient_bytes  # memory.phased_reductions
+        if own or extra:
+            temps[op.name] = own + extra
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
         if oc.partial_bytes:

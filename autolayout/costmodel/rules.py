@@ -28,7 +28,8 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import held_bytes, operand_copy_bytes, partial_bytes, transient_bytes
+from autolayout.costmodel.memory import (contraction_bytes, held_bytes, operand_copy_bytes, partial_bytes,
+                                         transient_bytes)
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
@@ -94,6 +95,9 @@ class OpCost:
     # the part of transient_bytes the reduction of a partial output holds
     # (:func:`~autolayout.costmodel.memory.partial_bytes`)
     partial_bytes: int = 0
+    # the part of transient_bytes the op holds while its contraction runs, without a reduce-scatter's
+    # relayout copy (:func:`~autolayout.costmodel.memory.contraction_bytes`)
+    contraction_bytes: int = 0
 
     @property
     def time_s(self) -> float:
@@ -166,7 +170,7 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
                   transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,
                   tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else (),
-                  partial_bytes(p, graph_op, mesh, hw))
+                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw))
 
 
 def _sizes(op: Op) -> dict[str, int]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import stored_itemsize
+from autolayout.costmodel.memory import phased_reductions, stored_itemsize
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -226,17 +226,20 @@ class Tables:
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
-        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, and the
-        operand copies of a contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`,
-        as ``predict`` counts them) for each assignment of the group of its dims."""
+        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, or
+        ``OpCost.contraction_bytes`` for an op counted in phases,
+        :func:`~autolayout.costmodel.memory.phased_reductions`; and the operand copies of a
+        contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`, as ``predict``
+        counts them) for each assignment of the group of its dims."""
         dims = self.space.order(self.views.op(op))
         hit = self._transient.get(op.name)
         if hit is None:
             g = self.group(dims)
             costs = [self.op_cost(op, dims, a) for a in g.assignments]
+            phased = op.name in phased_reductions(self.graph, self.hw.combines_gradient_reductions)
             hit = self._transient[op.name] = np.array(
-                [oc.transient_bytes + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
-                 for oc in costs], dtype=np.int64)
+                [(oc.contraction_bytes if phased else oc.transient_bytes)
+                 + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes) for oc in costs], dtype=np.int64)
         return dims, hit
 
     def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:

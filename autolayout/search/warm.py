@@ -10,8 +10,7 @@ from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.costmodel.gradients import deferred_reductions
-from autolayout.costmodel.memory import split_reductions
+from autolayout.costmodel.memory import phased_reductions
 from autolayout.search.liveness import combined, copy, gathered, held, partial, peak_of, result, total_at, transient
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
@@ -32,8 +31,7 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
             sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
             dims, vec = tables.held_bytes(tables.graph.op(t.name))
             sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
-    deferred = deferred_reductions(tables.graph, tables.hw.combines_gradient_reductions)
-    for name in [*split_reductions(tables.graph), *deferred]:  # a split reduction's phases; a deferred one's
+    for name in sorted(phased_reductions(tables.graph, tables.hw.combines_gradient_reductions)):  # their phases
         dims, part, res = tables.phase_bytes(tables.graph.op(name))
         k = tables.restrict(point.axes_of, dims)
         sizes[partial(name)], sizes[result(name)] = int(part[k]), int(res[k])

@@ -37,9 +37,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.gradients import deferred_reductions
-from autolayout.costmodel.memory import (held_bytes, partial_bytes, split_reductions, stored_itemsize,
-                                         transient_bytes)
+from autolayout.costmodel.memory import (contraction_bytes, held_bytes, partial_bytes, phased_reductions,
+                                         stored_itemsize, transient_bytes)
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
@@ -212,7 +211,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
     the parameter's cache (:class:`_ShardCache`); ``deltas`` (shared by all parameters) the
     per-op changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
-    phased = set(split_reductions(graph)) | deferred_reductions(graph, hw.combines_gradient_reductions)
+    phased = phased_reductions(graph, hw.combines_gradient_reductions)
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     base = tables.space.base
@@ -258,12 +257,14 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                         transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
                         held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes,
                         _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
-                        (partial_bytes(plan, op, mesh, hw), rules_alone.partial_bytes))
+                        (partial_bytes(plan, op, mesh, hw), rules_alone.partial_bytes),
+                        contraction_bytes(plan, op, mesh, hw) - rules_alone.contraction_bytes)
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
-                if hit[2]:
-                    dbytes[transient(name)] = hit[2]
+                own = hit[6] if name in phased else hit[2]  # memory.phased_reductions: the contraction's bytes
+                if own:
+                    dbytes[transient(name)] = own
                 if hit[3]:
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
