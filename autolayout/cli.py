@@ -246,12 +246,14 @@ def _run_search(args: argparse.Namespace) -> int:
     if r.verified:
         rows = [("*" if v.layout == r.layout else "", i + 1, str(v.layout) or "(replicated)",
                  fmt_time(v.predicted_time_s), fmt_time(v.measured_time_s) if v.ok else "-",
-                 fmt_bytes(v.memory_bytes), "ok" if v.ok else "error: " + v.error)
+                 fmt_bytes(v.memory_bytes), fmt_bytes(v.xla_memory_bytes) if v.xla_memory_bytes >= 0 else "-",
+                 "ok" if v.ok else "error: " + v.error)
                 for i, v in enumerate(r.verified)]
         win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout)
         lines += ["", f"  verified: the {len(r.verified)} best predicted layouts run on {len(devices)} "
                       f"{devices[0].platform} devices, median of {args.repeats} interleaved rounds:",
-                  text_table(rows, ("", "#", "layout", "predicted", "measured", "memory/device", "result"), "<><>>><"),
+                  text_table(rows, ("", "#", "layout", "predicted", "measured", "memory/device", "XLA memory", "result"),
+                             "<><>>>><"),
                   "", f"  winner: #{win + 1} (the measured fastest; * above)"]
     if r.notes:
         lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
@@ -262,7 +264,8 @@ def _run_search(args: argparse.Namespace) -> int:
             "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes],
             "verified": [{"layout": str(v.layout), "predicted_time_s": v.predicted_time_s,
                           "measured_time_s": v.measured_time_s, "measured_times_s": list(v.measured_times_s),
-                          "memory_bytes": v.memory_bytes, "max_rel_error": v.max_rel_error,
+                          "memory_bytes": v.memory_bytes, "xla_memory_bytes": v.xla_memory_bytes,
+                          "max_rel_error": v.max_rel_error,
                           "collectives_match": v.collectives_match, "ok": v.ok, "error": v.error,
                           "chosen": v.layout == r.layout} for v in r.verified]}
     return _emit(args, data, "\n".join(lines))

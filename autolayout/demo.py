@@ -258,9 +258,11 @@ def section_search(demo: Demo) -> None:
         from autolayout.core import Layout
         rows = [("*" if v.layout == r.layout else "", i + 1, short_layout(Layout(v.layout.rules), 44),
                  getattr(v.layout, "remat", "") or "none", fmt_time(v.predicted_time_s),
-                 fmt_time(v.measured_time_s) if v.ok else "-", "ok" if v.ok else v.error[:40])
+                 fmt_time(v.measured_time_s) if v.ok else "-", fmt_bytes(v.memory_bytes),
+                 fmt_bytes(v.xla_memory_bytes) if v.xla_memory_bytes >= 0 else "-", "ok" if v.ok else v.error[:40])
                 for i, v in enumerate(r.verified)]
-        table(rows, ("", "#", "rules (+ storage sharding)", "remat", "predicted", "measured", "run"), "<><<>><")
+        table(rows, ("", "#", "rules (+ storage sharding)", "remat", "predicted", "measured", "memory", "XLA memory",
+                     "run"), "<><<>>>><")
         win = next(i for i, v in enumerate(r.verified) if v.layout == r.layout) + 1
         print(f"  chosen: #{win}, the measured fastest (*)" + (" — also the predicted fastest" if win == 1 else ""))
     elif demo.execute and demo.other_target:

@@ -431,7 +431,7 @@ def test_search_verify_prints_the_table_and_the_winner(capsys):
     assert code == 0, err
     assert "measured fastest of the 3 best predicted layouts" in out
     assert "hardware cpu: the local devices' profile" in out  # not the default target tpu-v3
-    assert "predicted" in out and "measured" in out and "winner: #" in out
+    assert "predicted" in out and "measured" in out and "XLA memory" in out and "winner: #" in out
     table = out[out.index("verified:"):out.index("winner:")]
     assert len([line for line in table.splitlines() if line.rstrip().endswith(" ok")]) == 3
     assert len([line for line in table.splitlines() if line.lstrip().startswith("* ")]) == 1
@@ -446,6 +446,8 @@ def test_search_verify_json(capsys):
     assert chosen["layout"] == data["layout"]
     assert chosen["measured_time_s"] == min(r["measured_time_s"] for r in rows)
     assert all(len(r["measured_times_s"]) == 2 for r in rows)
+    # the compiled step's memory per device, at most the search's limit (else the row is an OverMemory error)
+    assert all(0 < r["xla_memory_bytes"] <= data["memory_limit_bytes"] for r in rows)
     assert data["hardware"] == "cpu"
 
 

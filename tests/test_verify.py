@@ -48,6 +48,8 @@ def test_verify_returns_the_measured_fastest_of_the_k_best(cpu_devices):
         assert len(v.measured_times_s) == 4 and all(t > 0 for t in v.measured_times_s)
         assert v.measured_time_s == statistics.median(v.measured_times_s)
         assert v.max_rel_error < 1e-4 and v.collectives_match  # the run computes the unsharded step's numbers
+        xla = v.execution.xla_memory  # the compiled step's memory_analysis()
+        assert v.xla_memory_bytes == xla["argument"] + xla["output"] + xla["temp"] - xla["alias"] > 0
     measured = [v.measured_time_s for v in r.verified]
     won = [v for v in r.verified if v.layout == r.layout]
     assert len(won) == 1 and won[0].measured_time_s == min(measured)
@@ -55,7 +57,7 @@ def test_verify_returns_the_measured_fastest_of_the_k_best(cpu_devices):
     assert r.cost.time_s == pytest.approx(predict(g, MESH, r.layout, hardware="cpu").time_s, rel=1e-12)
     assert any(n.startswith(f"verify={k}: measured on 8 cpu devices") for n in r.notes)
     text = r.summary()
-    assert "predicted" in text and "measured" in text and text.count("\n*") == 1
+    assert "predicted" in text and "measured" in text and "XLA memory" in text and text.count("\n*") == 1
     assert len([line for line in text.splitlines() if " ok" in line]) == k
 
 
@@ -182,3 +184,44 @@ def test_a_run_with_wrong_outputs_cannot_win(cpu_devices, monkeypatch):
     assert bad.layout == first and not bad.ok and bad.error.startswith("OutputMismatch: max relative error")
     assert bad.max_rel_error == pytest.approx(0.01, rel=1e-3)
     assert r.layout != first and all(v.ok for v in r.verified[1:])
+
+
+def test_a_run_over_the_memory_limit_when_compiled_cannot_win(cpu_devices, monkeypatch):
+    """A layout whose compiled step takes more memory per device than the limit by XLA's own
+    memory_analysis() (the memory model under-predicted it) is kept as an error row, never chosen.
+    Here XLA's figure for the first layout is raised above a 1 GiB limit that every prediction fits."""
+    from autolayout.exec import runner
+
+    g, k = small(), 3
+    rules = {**RULES, "memory_limit": "1GiB"}
+    first = best_layouts(g, MESH, k, hardware="cpu", distinct="rules", **rules)[0].layout
+    real = runner.execute
+
+    def execute(graph, mesh, layout, **kw):
+        ex = real(graph, mesh, layout, **kw)
+        if layout == first:  # the same run, XLA's temp heap 1 GiB larger
+            ex = dataclasses.replace(ex, xla_memory={**ex.xla_memory, "temp": ex.xla_memory["temp"] + 2 ** 30})
+        return ex
+
+    monkeypatch.setattr(runner, "execute", execute)
+    r = verify(g, MESH, k, hardware="cpu", repeats=2, devices=cpu_devices, compiler_options=FAST, **rules)
+    bad = r.verified[0]
+    assert bad.layout == first and not bad.ok and bad.xla_memory_bytes > 2 ** 30
+    assert bad.xla_memory_bytes == bad.execution.xla_memory_bytes  # the raised figure, as the row reports it
+    assert bad.error.startswith(f"OverMemory: the compiled step takes {bad.xla_memory_bytes / 2 ** 20:.2f} MiB per "
+                                "device (XLA's memory_analysis), above memory_limit 1024.00 MiB")
+    assert r.layout != first and all(v.ok and v.xla_memory_bytes <= 2 ** 30 for v in r.verified[1:])
+
+
+def test_over_memory_is_said_only_above_xlas_figure(cpu_devices):
+    """:func:`over_memory` against a run's own memory_analysis(): nothing at XLA's figure, the
+    figures and the fix one byte below it."""
+    from autolayout.exec import execute
+    from autolayout.exec.verify import over_memory
+
+    ex = execute(small(), MESH, "batch:rows,cols", repeats=1, reference=False, compiler_options=FAST)
+    xla = ex.xla_memory["argument"] + ex.xla_memory["output"] + ex.xla_memory["temp"] - ex.xla_memory["alias"]
+    assert over_memory(ex, xla) == ""
+    said = over_memory(ex, xla - 1)
+    assert said.startswith(f"OverMemory: the compiled step takes {xla / 2 ** 20:.2f} MiB per device")
+    assert f"predicted {ex.predicted.memory_bytes / 2 ** 20:.2f} MiB" in said and "headroom" in said

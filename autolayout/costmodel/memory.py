@@ -327,9 +327,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     phases = _Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
     spans = _spans(graph, copies or {}, gathered or {}, early)
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
-    after = {loop: (at, freed, gradient_bytes(ops, held, partials or {}))
-             for (loop, (_, ops)), (at, freed) in zip(combined_reductions(graph).items(), combined_point(graph).values())
-             } if combines else {}
+    points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
+    after = {loop: (*points[loop], gradient_bytes(ops, held, partials or {}))
+             for loop, (_, ops) in combined_reductions(graph).items() if loop in points}
     units, alloc, free = lifetimes(graph)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
                          phases, after)  # outputs allocated for the whole call

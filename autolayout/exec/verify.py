@@ -6,7 +6,10 @@
 across the layouts (load drift on a shared machine then hits all of them alike) and
 returns the :class:`~autolayout.search.api.SearchResult` of the one with the smallest
 median, with the whole table (:class:`~autolayout.search.api.Verified` rows: predicted
-vs measured) in ``verified``. A layout whose run fails keeps its row, with the error.
+vs measured) in ``verified``. A layout whose run fails keeps its row, with the error; so does
+one whose outputs differ from the unsharded step's, or whose compiled step takes more memory
+per device than the search's limit by XLA's own figure (:func:`over_memory`): the memory
+model's prediction can be under XLA's (DESIGN §11), and such a layout would not fit.
 
 The predictions are for the devices that run the layouts: ``hardware`` defaults to their
 built-in profile (by exact device kind; an unknown kind is an error naming it), as
@@ -30,7 +33,7 @@ from autolayout.graph import Graph
 from autolayout.search import api
 from autolayout.search.api import SearchResult, Verified
 
-__all__ = ["VerifyError", "measure", "search", "verify", "other_hardware"]
+__all__ = ["VerifyError", "measure", "search", "verify", "other_hardware", "over_memory"]
 
 # The failures of one layout's run that verify records in its row (and goes on with the
 # others): bad or unsupported layouts (ValueError, NotImplementedError, LoweringError) and
@@ -176,15 +179,17 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
                             distinct=distinct)
     runs = measure(graph, mesh, [r.layout for r in best], hardware=hw, repeats=repeats, devices=devs,
                    reference=reference, seed=seed, compiler_options=compiler_options)
+    limit = api.memory_limit_bytes(hw, memory_limit)
     rows = []
     for r, ex in zip(best, runs):
         if isinstance(ex, str):
             rows.append(Verified(r.layout, r.cost.time_s, float("nan"), r.cost.memory_bytes, error=ex))
         else:
             wrong = (f"OutputMismatch: max relative error {ex.max_rel_error:.3g} from the unsharded step, above "
-                     f"{OUTPUT_TOLERANCE:g}" if ex.max_rel_error > OUTPUT_TOLERANCE else "")
+                     f"{OUTPUT_TOLERANCE:g}" if ex.max_rel_error > OUTPUT_TOLERANCE else over_memory(ex, limit))
             rows.append(Verified(r.layout, r.cost.time_s, ex.step_time_s, r.cost.memory_bytes, ex.step_times_s,
-                                 ex.max_rel_error, bool(ex.collectives_match), error=wrong, execution=ex))
+                                 ex.max_rel_error, bool(ex.collectives_match), error=wrong, execution=ex,
+                                 xla_memory_bytes=ex.xla_memory_bytes))
     ran = [i for i, row in enumerate(rows) if row.ok]
     if not ran:
         raise VerifyError(f"verify={k}: none of the {len(rows)} best layouts of graph {graph.name!r} on mesh "
@@ -200,6 +205,19 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     # solve_time_s stays the search's (the last of the k came at its end); the runs are not in it
     return dataclasses.replace(best[win], verified=tuple(rows), notes=best[win].notes + (note,),
                                solve_time_s=max(r.solve_time_s for r in best))
+
+
+def over_memory(ex: Any, limit: float) -> str:
+    """Why run ``ex`` (an :class:`~autolayout.exec.Execution`) cannot be chosen under memory limit
+    ``limit`` (bytes per device), or ``""``: its compiled step takes more than ``limit`` per device
+    by XLA's ``memory_analysis()`` (``Execution.xla_memory_bytes``), though the prediction it was
+    searched by fit (the memory model under-predicted it)."""
+    xla = ex.xla_memory_bytes
+    if xla <= limit:
+        return ""
+    return (f"OverMemory: the compiled step takes {xla / 2 ** 20:.2f} MiB per device (XLA's memory_analysis), above "
+            f"memory_limit {limit / 2 ** 20:.2f} MiB; predicted {ex.predicted_memory_bytes / 2 ** 20:.2f} MiB "
+            f"(x{ex.memory_ratio:.2f}): give memory_limit that much headroom or pick another row")
 
 
 _verify = verify  # search's keyword `verify` shadows the function inside it

@@ -21,7 +21,8 @@ from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
 from autolayout.units import SizeError, parse_bytes
 
-__all__ = ["SearchResult", "SearchWarning", "Verified", "best_layouts", "layout", "mesh_shapes", "search"]
+__all__ = ["SearchResult", "SearchWarning", "Verified", "best_layouts", "layout", "memory_limit_bytes", "mesh_shapes",
+           "search"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class Verified:
     the run failed); ``error`` says why it failed (``""`` when it ran). ``max_rel_error``
     is the run's largest relative difference from the unsharded step (NaN without a
     reference run) and ``collectives_match`` whether the compiled collectives are the
-    predicted ones.
+    predicted ones. ``xla_memory_bytes`` is the compiled step's memory per device
+    (``memory_analysis()``: argument + output + temp - alias; -1 when it did not run); a run
+    above the search's memory limit there is an error row (``OverMemory``), never the winner:
+    the prediction it was chosen by was under XLA's figure.
     """
 
     layout: Layout
@@ -45,6 +49,7 @@ class Verified:
     max_rel_error: float = float("nan")
     collectives_match: bool | None = None
     error: str = ""
+    xla_memory_bytes: int = -1
     execution: Any = field(default=None, compare=False, repr=False)  # the run (an Execution), when it ran
 
     @property
@@ -58,13 +63,16 @@ def verified_table(rows: tuple[Verified, ...], chosen: Layout | None = None) -> 
     def ms(t: float) -> str:
         return "-" if t != t else f"{t * 1e3:.3f} ms"
 
-    head = ("", "#", "layout", "predicted", "measured", "memory/device", "result")
+    def mib(b: int) -> str:
+        return "-" if b < 0 else f"{b / 2 ** 20:.1f} MiB"
+
+    head = ("", "#", "layout", "predicted", "measured", "memory/device", "XLA memory", "result")
     body = [("*" if chosen is not None and r.layout == chosen else "", str(i + 1), str(r.layout) or "(replicated)",
-             ms(r.predicted_time_s), ms(r.measured_time_s), f"{r.memory_bytes / 2 ** 20:.1f} MiB",
+             ms(r.predicted_time_s), ms(r.measured_time_s), mib(r.memory_bytes), mib(r.xla_memory_bytes),
              "ok" if r.ok else "error: " + r.error)
             for i, r in enumerate(rows)]
     width = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    right = {1, 3, 4, 5}
+    right = {1, 3, 4, 5, 6}
 
     def line(cells: tuple) -> str:
         return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
@@ -185,7 +193,7 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
     start = time.perf_counter()
     require_graph(graph, "search")
     hw = get_hardware(hardware)
-    limit = _memory_limit(hw, memory_limit)
+    limit = memory_limit_bytes(hw, memory_limit)
     # a finite limit above the device's memory is allowed (planning for another part), and said
     above = ((f"memory_limit {limit / 2**30:.4g} GiB is above {hw.name}'s {hw.hbm_bytes / 2**30:.4g} GiB of memory "
               f"per device: the layout may not fit that device",) if math.isfinite(limit) and limit > hw.hbm_bytes
@@ -219,8 +227,13 @@ def search(graph: Graph, mesh: Any = None, *, num_devices: int | None = None, ma
     return dataclasses.replace(r, notes=r.notes + tuple(slower) + above) if slower or above else r
 
 
-def _memory_limit(hw: Any, memory_limit: float | str | None) -> float:
-    """``memory_limit`` in bytes per device (default the profile's HBM)."""
+def memory_limit_bytes(hw: Any, memory_limit: float | str | None) -> float:
+    """``memory_limit`` (a number of bytes, a size such as ``"16GiB"``, or None) in bytes per
+    device, as the search applies it: None is profile ``hw``'s memory (``hbm_bytes``).
+
+    Raises:
+        SearchError: ``memory_limit`` is not a positive size.
+    """
     try:
         return float(hw.hbm_bytes if memory_limit is None else parse_bytes(memory_limit))
     except SizeError as exc:
@@ -375,7 +388,7 @@ def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HAR
     if distinct not in ("layout", "rules"):
         raise LayoutError(f"distinct must be 'layout' (rules or storage differ) or 'rules', got {distinct!r}")
     hw = get_hardware(hardware)
-    limit = _memory_limit(hw, memory_limit)
+    limit = memory_limit_bytes(hw, memory_limit)
     mesh = Mesh.parse(mesh)
     policies = _policies(graph, remat)
     found, errors, incomplete = [], [], []
