@@ -104,6 +104,43 @@ def test_breadth_first_reorders_within_data_flow(name):
     assert view.schedule != before  # these steps have independent work the traced order runs later
 
 
+@pytest.mark.parametrize("name", ["mlp", "transformer_lm", "moe", "llama"])
+def test_combined_reduction_runs_after_the_work_queued_before_the_last_gradient(name):
+    """``Graph.combined_after``, checked against the first-in first-out rule itself: the units run
+    between the last gradient op and the reduction were queued before that op left the queue (every
+    operand they read computed before it, none a gradient), and the next unit was not."""
+    from autolayout.costmodel.gradients import gradient_reducers
+
+    g = getattr(models, name)(**({"batch": 8, "d_io": 16, "d_hidden": 32} if name == "mlp" else {}))
+    view = breadth_first(g, combined=True)
+
+    def sources(n):  # the materialised tensors op n reads, through the element-wise ops fused into it
+        for src in g.op(n).inputs:
+            yield from ((src,) if g.op(src).materialised else sources(src))
+
+    computations = {None: [u.name if isinstance(u, Loop) else u for u in view.schedule]}
+    computations.update({lp.name: list(lp.body) for lp in view.loops.values()})
+    groups = gradient_reducers(view)
+    assert set(view.combined_after) == {c for c in groups if computations[c]}
+    for c, after in view.combined_after.items():
+        unit = {} if c is not None else {n: lp.name for lp in view.loops.values() for n in lp.body}
+        units = [u for u in computations[c] if u in view.loops or g.op(u).materialised]
+        at = {u: i for i, u in enumerate(units)}
+        group = {unit.get(o, o) for o in groups[c]} & set(units)
+
+        def deps(u):
+            ops = view.loops[u].body if u in view.loops and c is None else (u,)
+            return {unit.get(s, s) for n in ops for s in sources(n)} & set(units) - {u}
+
+        last, k = max(at[o] for o in group), at[after]
+        assert k >= last, (c, after)
+        for u in units[last + 1:k + 1]:
+            assert all(at[d] < last for d in deps(u)) and not deps(u) & group, (c, u)
+        if k + 1 < len(units):
+            nxt = units[k + 1]
+            assert any(at[d] >= last for d in deps(nxt)) or deps(nxt) & group, (c, nxt)
+
+
 @pytest.mark.parametrize("hw", ["tpu-v4", "h100"])
 def test_accelerators_walk_the_traced_order(hw):
     g = models.mlp(batch=8, d_io=16, d_hidden=32)
