@@ -34,7 +34,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
+from autolayout.costmodel.lifetimes import body_lifetimes, last_reads, lifetimes
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
@@ -89,16 +89,12 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
     """Per computation of :func:`combined_reductions`, ``(position, freed)``: the reduction runs
     right after the unit at ``position``, which has freed the tensors it read for the last time
-    (``freed``, as ``memory.split_reductions`` lists an op's)."""
+    (``freed``: ``lifetimes.last_reads``, as ``memory.split_reductions`` lists an op's)."""
     units, alloc, free = lifetimes(graph)
     out = {}
     for loop, (at, _) in combined_reductions(graph).items():
-        if loop is None:
-            out[loop] = (at, tuple(m for m in alloc if free[m] == at and alloc[m] < at))
-        else:
-            body = graph.loops[loop].body
-            order, last = body_lifetimes(graph, graph.loops[loop])
-            out[loop] = (at, tuple(m for m in body if last[m] == at and order[m] < at))
+        out[loop] = (at, last_reads(alloc, free, at) if loop is None
+                     else last_reads(*body_lifetimes(graph, graph.loops[loop]), at))
     return out
 
 

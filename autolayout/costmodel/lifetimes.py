@@ -14,7 +14,8 @@ from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "schedule_points", "readers_of", "in_place_operand", "loop_state_chain"]
+__all__ = ["lifetimes", "body_lifetimes", "last_reads", "schedule_points", "readers_of", "in_place_operand",
+           "loop_state_chain"]
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
@@ -62,6 +63,13 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 if src in free and free[src] == i and alloc[src] < i and src not in outputs:
                     free[src] = i - 1
     return units, alloc, free
+
+
+def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int) -> tuple[str, ...]:
+    """The tensors the unit at position ``i`` reads for the last time, freed once it has run:
+    allocated before ``i`` and last live there (``alloc``, ``free``: :func:`lifetimes`' at the top
+    level, :func:`body_lifetimes`' ``order`` and ``last`` in a scan's body)."""
+    return tuple(m for m in alloc if free[m] == i and alloc[m] < i)
 
 
 @lru_cache(maxsize=64)

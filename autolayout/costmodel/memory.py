@@ -91,7 +91,7 @@ from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
+from autolayout.costmodel.lifetimes import body_lifetimes, last_reads, lifetimes, schedule_points
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan, grad_of
@@ -279,9 +279,9 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
             order, last = body_lifetimes(graph, u)
             for j, n in enumerate(u.body):
                 if listed(n):
-                    out[n] = tuple(m for m in u.body if last[m] == j and order[m] < j)
+                    out[n] = last_reads(order, last, j)
         elif listed(u) and u in alloc:
-            out[u] = tuple(m for m in alloc if free[m] == i and alloc[m] < i)
+            out[u] = last_reads(alloc, free, i)
     return MappingProxyType(out)
 
 
@@ -364,8 +364,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         if total > best:
             best, best_at, peak_after = total, i, False
         if top_after is not None and top_after[0] == i:
-            there = (running - sum(size[n] for n in top_after[1])
-                     - sum(b for _, stop, b, _ in spans.get(None, ()) if stop == i) + sum(top_after[2]))
+            there = _after(running, size, top_after[1], spans.get(None, ()), i) + sum(top_after[2])
             if there > best:
                 best, best_at, peak_after = there, i, True
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
@@ -424,10 +423,7 @@ class _Phases:
         if op not in self.split:  # deferred: reduced at the combined reduction
             return contraction, contraction
         contraction -= waiting  # the results of an all-reduce combined with this op's are written at its collective
-        ending = sum(b for _, stop, b, _ in spans if stop == i)
-        return (contraction,
-                running - sum(self.size.get(n, 0) for n in self.split[op]) - ending + self.partials.get(op, 0)
-                + waiting)
+        return contraction, _after(running, self.size, self.split[op], spans, i) + self.partials.get(op, 0) + waiting
 
     def at_peak(self, op: str, live: list, transient: int, running: int, waiting: int, spans, i: int
                 ) -> tuple[list, int, bool]:
@@ -437,6 +433,14 @@ class _Phases:
             return [n for n in live if n != op or self.result(op)], transient - (waiting if op in self.split else 0), True
         gone = set(self.split[op])
         return [n for n in live if n not in gone], self.partials.get(op, 0) + waiting, False
+
+
+def _after(running: int, size: Mapping[str, int], gone, spans, i: int) -> int:
+    """The bytes live once the unit at position ``i`` has run, where ``running`` were live while it
+    ran: less the tensors ``gone`` it read for the last time and the buffers of ``spans`` (copies,
+    conversions) whose last reader it is. A split reduction's collective and the combined gradient
+    reduction count from there."""
+    return running - sum(size.get(n, 0) for n in gone) - sum(b for _, stop, b, _ in spans if stop == i)
 
 
 def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
@@ -477,7 +481,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
         if total > best:
             best, best_at, peak_after = total, i, False
         if after is not None and after[0] == i:  # the combined gradient reduction, after op i
-            there = running - sum(size[n] for n in after[1]) - sum(b for _, stop, b, _ in spans if stop == i) + sum(after[2])
+            there = _after(running, size, after[1], spans, i) + sum(after[2])
             if there > best:
                 best, best_at, peak_after = there, i, True
     if not end:

@@ -134,7 +134,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
         oc = price(p.ops[op.name], op, mesh, hw, overlap)
         n = op.multiplicity
         extra = copy_transient_bytes(walk, op.name, oc.operand_copy_bytes)  # dot operand copies
-        own = oc.contraction_bytes if op.name in phased else oc.transient_bytes  # memory.phased_reductions
+        own = oc.running_bytes(op.name in phased)
         if own or extra:
             temps[op.name] = own + extra
         if oc.held_bytes:

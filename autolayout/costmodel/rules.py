@@ -99,6 +99,13 @@ class OpCost:
     # relayout copy (:func:`~autolayout.costmodel.memory.contraction_bytes`)
     contraction_bytes: int = 0
 
+    def running_bytes(self, phased: bool) -> int:
+        """The bytes the op holds where it runs: :attr:`transient_bytes`, or for an op the memory
+        model counts in phases (``phased``: :func:`~autolayout.costmodel.memory.phased_reductions`,
+        whose collective holds :attr:`partial_bytes`) :attr:`contraction_bytes`. ``predict``, the
+        search's tables and its storage options' byte deltas all take this."""
+        return self.contraction_bytes if phased else self.transient_bytes
+
     @property
     def time_s(self) -> float:
         return self.compute_s + self.comm_s

@@ -241,6 +241,8 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)
         copies = top if loop is None or op is None else top + copies_at(loop, j)
+        # the copies live once this op has run (those it reads last freed): a collective's point
+        freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
         if op in deferred:  # reduced at the combined reduction: the contraction's phase alone
             add([n for n in live if n != op], op, (), copies, (result(op), transient(op)))
         elif op not in split:
@@ -250,14 +252,12 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
             # then the collective's, without the op's last reads and the copies freed after it
             add([n for n in live if n != op], op, (), copies, (result(op), transient(op)), combining=False)
             gone = set(split[op])
-            freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
             add([n for n in live if n not in gone], op, (), freed, (partial(op),))
         at = points_after.get(loop)
         if op is not None and at is not None and at[0] == (i if loop is None else j):
-            # the combined gradient reduction, after this op: memory.gradient_bytes
+            # the combined gradient reduction, after this op: gradients.gradient_bytes
             ops = gradients[loop][1]
             gone = set(at[1])
-            freed = copies_at(None, i, False) if loop is None else top + copies_at(loop, j, False)
             add([n for n in live if n not in gone], None, ops[:-1], freed, (partial(ops[-1]),), combining=False)
     at = points_after.get(None)
     units, alloc, free = lifetimes(graph)

@@ -226,9 +226,8 @@ class Tables:
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
-        (``OpCost.transient_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, or
-        ``OpCost.contraction_bytes`` for an op counted in phases,
-        :func:`~autolayout.costmodel.memory.phased_reductions`; and the operand copies of a
+        (``OpCost.running_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, or the
+        contraction's bytes for an op counted in phases; and the operand copies of a
         contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`, as ``predict``
         counts them) for each assignment of the group of its dims."""
         dims = self.space.order(self.views.op(op))
@@ -238,8 +237,8 @@ class Tables:
             costs = [self.op_cost(op, dims, a) for a in g.assignments]
             phased = op.name in phased_reductions(self.graph, self.hw.combines_gradient_reductions)
             hit = self._transient[op.name] = np.array(
-                [(oc.contraction_bytes if phased else oc.transient_bytes)
-                 + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes) for oc in costs], dtype=np.int64)
+                [oc.running_bytes(phased) + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
+                 for oc in costs], dtype=np.int64)
         return dims, hit
 
     def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:

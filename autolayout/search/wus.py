@@ -37,8 +37,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import (contraction_bytes, held_bytes, partial_bytes, phased_reductions,
-                                         stored_itemsize, transient_bytes)
+from autolayout.costmodel.memory import phased_reductions, stored_itemsize
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
@@ -246,7 +245,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     if sharded is None:
                         sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
                     plan = sharded.op_plan(op)
-                    new = split(price(plan, op, mesh, hw, tables.overlap), op, tables.overlap)
+                    priced = price(plan, op, mesh, hw, tables.overlap)
+                    new = split(priced, op, tables.overlap)
                     rules_alone = tables.op_cost(op, dims, g.assignments[index])
                     old = split(rules_alone, op, tables.overlap)
                     # per row of the op's domain, by the row's suffix (ops alike in other domains share it)
@@ -254,15 +254,14 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     terms = {k[n:]: new[1].get(k, 0.0) - old[1].get(k, 0.0) for k in new[1].keys() | old[1].keys()}
                     hit = deltas[key] = deltas[canon] = (
                         new[0] - old[0], {k: v for k, v in terms.items() if v},
-                        transient_bytes(plan, op, mesh, hw) - rules_alone.transient_bytes,
-                        held_bytes(plan, op, mesh, hw) - rules_alone.held_bytes,
+                        {p: priced.running_bytes(p) - rules_alone.running_bytes(p) for p in (False, True)},
+                        priced.held_bytes - rules_alone.held_bytes,
                         _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
-                        (partial_bytes(plan, op, mesh, hw), rules_alone.partial_bytes),
-                        contraction_bytes(plan, op, mesh, hw) - rules_alone.contraction_bytes)
+                        (priced.partial_bytes, rules_alone.partial_bytes))
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
-                own = hit[6] if name in phased else hit[2]  # memory.phased_reductions: the contraction's bytes
+                own = hit[2][name in phased]  # OpCost.running_bytes
                 if own:
                     dbytes[transient(name)] = own
                 if hit[3]:
