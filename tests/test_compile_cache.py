@@ -62,33 +62,62 @@ def test_the_demos_runs_of_an_fsdp_step_match_jax_jit(tmp_path):
     assert not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()  # no cache written
 
 
-def test_a_wrong_run_from_the_cache_is_reported_not_hidden(tmp_path):
-    """With the user's own persistent cache on, whatever a loaded program computes, the
-    execution's error figures say so: each run either raises OutputMismatchError (NaN or
-    infinity where ``jax.jit`` has none) or reports the max |error| that this test computes
-    itself against its own ``jax.jit`` reference."""
-    res = _python("""
+# XLA:CPU's abort when a collective of an executable loaded from the persistent cache meets
+# more threads than its rendezvous expects (jax/jaxlib 0.10.2): a crash of the process, seen
+# in about one clean-clone CI run in five, never a result that could pass for a right one.
+_CACHE_ABORT = "rendezvous.h"
+
+
+def _cached_runs(tmp_path: Path, attempt: int) -> tuple[list[dict], int, str]:
+    """Runs the cached step four times in a fresh process; returns the rows it printed (one
+    JSON line per run, flushed, so the runs before a crash are kept), the return code and
+    the end of stderr."""
+    code = textwrap.dedent(SETUP) + textwrap.dedent("""
         args = models.example_args(g, 0)
         want = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(jax.jit(g.fn)(*args))]
-        rows = []
         for _ in range(4):
             try:
                 ex = run(args)
             except OutputMismatchError as exc:
-                rows.append({"raised": str(exc)[:200]})
+                print(json.dumps({"raised": str(exc)[:200]}), flush=True)
                 continue
             got = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(ex.outputs)]
             mine = max(float(np.max(np.abs(a - b))) for a, b in zip(got, want) if a.size)
-            ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, want))
-            rows.append({"reported": ex.max_abs_error, "mine": mine,
-                         "ok": ok, "nan": any(bool(np.isnan(a).any()) for a in got)})
-        print(json.dumps({"rows": rows, "files": len(os.listdir(os.environ["JAX_COMPILATION_CACHE_DIR"]))}))
-    """, tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jaxcache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    assert res["files"] > 0  # the cache was used
-    for row in res["rows"]:
+            print(json.dumps({"reported": ex.max_abs_error, "mine": mine,
+                              "nan": any(bool(np.isnan(a).any()) for a in got),
+                              "files": len(os.listdir(os.environ["JAX_COMPILATION_CACHE_DIR"]))}), flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_NUM_CPU_DEVICES="8", PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               HOME=str(tmp_path / "home"), JAX_COMPILATION_CACHE_DIR=str(tmp_path / f"jaxcache{attempt}"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return rows, out.returncode, out.stderr[-3000:]
+
+
+def test_a_wrong_run_from_the_cache_is_reported_not_hidden(tmp_path):
+    """With the user's own persistent cache on, whatever a loaded program computes, the
+    execution's error figures say so: each run either raises OutputMismatchError (NaN or
+    infinity where ``jax.jit`` has none) or reports the max |error| that this test computes
+    itself against its own ``jax.jit`` reference.
+
+    A loaded program may also crash the process (XLA:CPU's rendezvous check, ``_CACHE_ABORT``):
+    only that abort is accepted, the runs printed before it are checked all the same, and the
+    process is started again (a fresh cache) until at least two runs were checked."""
+    rows: list[dict] = []
+    for attempt in range(4):
+        got, rc, err = _cached_runs(tmp_path, attempt)
+        rows += got
+        if rc != 0:
+            assert rc == -6 and _CACHE_ABORT in err and "Check failed" in err, (rc, err)
+        if len(rows) >= 2:
+            break
+    assert len(rows) >= 2, rows
+    for row in rows:
         if "raised" in row:
             assert "NaN or infinite in only one" in row["raised"]
         else:
+            assert row["files"] > 0  # the cache was used
             # a finite wrong answer is never reported as a small error
             assert not row["nan"] and row["reported"] == pytest.approx(row["mine"], rel=1e-6, abs=1e-6), row
