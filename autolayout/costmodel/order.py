@@ -93,9 +93,9 @@ def _breadth_first(graph: Graph, combined: bool) -> Graph:
         body = set(lp.body)
         nodes = [n for n in lp.body if graph.op(n).materialised]
         deps = {n: [s for s in sources[n] if s in body] for n in nodes}
-        full = _fifo(nodes, deps, reducers.get(lp.name, frozenset()))
-        after.update(_before_sync(full, lp.name))
-        order = [n for n in full if n is not _SYNC]
+        order, before = _fifo_split(nodes, deps, reducers.get(lp.name, frozenset()))
+        if before is not None:
+            after[lp.name] = before
         loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, readers)))
     new_loops = {lp.name: lp for lp in loops}
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
@@ -106,9 +106,9 @@ def _breadth_first(graph: Graph, combined: bool) -> Graph:
         reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
         deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
     top = reducers.get(None, frozenset())
-    full = _fifo(nodes, deps, top)
-    after.update(_before_sync(full, None))
-    order = [n for n in full if n is not _SYNC]
+    order, before = _fifo_split(nodes, deps, top)
+    if before is not None:
+        after[None] = before
     units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in new_loops})
     view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
     view.breadth_first_of = graph
@@ -122,7 +122,18 @@ def fifo_order(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined
     node queued when the last of ``deps[node]`` (those among ``nodes``) leaves the queue.
     ``combined``: nodes read together by one more instruction (the combined all-reduce), which
     waits for all of them and which every node that reads one of them waits for."""
-    return [n for n in _fifo(nodes, deps, combined) if n is not _SYNC]
+    return _fifo_split(nodes, deps, combined)[0]
+
+
+def _fifo_split(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]
+                ) -> tuple[list, Any]:
+    """``(order, before)``: :func:`fifo_order`, and the node the combined instruction runs right
+    after in it (``None`` where there is no such instruction)."""
+    full = _fifo(nodes, deps, combined)
+    if _SYNC not in full:
+        return full, None
+    k = full.index(_SYNC)
+    return full[:k] + full[k + 1:], full[k - 1]
 
 
 def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]) -> list:
@@ -158,14 +169,6 @@ def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Ite
         stuck = [n for n in order_in if count[n] > 0][:3]
         raise ValueError(f"fifo_order: a cycle among {stuck}")
     return out
-
-
-def _before_sync(full: list, loop: str | None) -> dict[str | None, str]:
-    """``{loop: node}``: the node the combined gradient reduction (``_SYNC``) runs right after
-    in a computation's first-in first-out order ``full`` (none where it has no such reduction)."""
-    if _SYNC not in full:
-        return {}
-    return {loop: full[full.index(_SYNC) - 1]}
 
 
 def _sources(graph: Graph) -> dict[str, list[str]]:

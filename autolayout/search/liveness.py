@@ -64,7 +64,7 @@ from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.sharing import spans as shared_spans
-from autolayout.graph import Graph
+from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "transient", "is_transient", "held", "is_held",
            "partial", "is_partial", "result", "is_result",
@@ -261,7 +261,7 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
             add([n for n in live if n not in gone], None, ops[:-1], freed, (partial(ops[-1]),), combining=False)
     at = points_after.get(None)
     units, alloc, free = lifetimes(graph)
-    if at is not None and not isinstance(units[at[0]], str):  # after a scan
+    if at is not None and isinstance(units[at[0]], Loop):  # after a scan
         i, gone, ops = at[0], set(at[1]), gradients[None][1]
         live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
         add(live, None, ops[:-1], copies_at(None, i, False), (partial(ops[-1]),), combining=False)
