@@ -82,10 +82,9 @@ def cases() -> dict:
     }
 
 
-def xla_buffers(fn, args) -> list[str]:
-    """The instructions of ``LARGE`` shape in the optimized HLO's entry computation that take a
-    buffer (not parameters, bitcasts, tuples)."""
-    text = jax.jit(fn).lower(*args).compile().as_text()
+def xla_buffers(text: str) -> list[str]:
+    """The instructions of ``LARGE`` shape in the entry computation of optimized HLO ``text``
+    (a compiled program's ``as_text()``) that take a buffer (not parameters, bitcasts, tuples)."""
     entry = text[text.index("\nENTRY"):]
     out = []
     for line in entry.splitlines()[1:]:
@@ -105,7 +104,7 @@ def model_buffers(fn, args) -> list[str]:
 def main() -> int:
     rows = []
     for name, (fn, args) in cases().items():
-        xla, model = xla_buffers(fn, args), model_buffers(fn, args)
+        xla, model = xla_buffers(jax.jit(fn).lower(*args).compile().as_text()), model_buffers(fn, args)
         rows.append((name, xla, model))
     width = max(len(r[0]) for r in rows)
     print(f"{'program':{width}}  XLA  model  buffers of {LARGE} (XLA | model)")
