@@ -95,7 +95,7 @@ def test_search_live_sets_reproduce_predict_memory_with_combined_all_reduces():
     g, mesh = _lm_forward(), Mesh.parse(MESH)
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = live_points(tables.graph, unreduced=tables.unreduced, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
     assert points.combined
     layouts = list(enumerate_layouts(g, mesh))
     held = 0

@@ -84,7 +84,7 @@ def test_search_live_sets_reproduce_predict_memory_of_a_bf16_step_on_cpu(mesh):
     assert any(stored_itemsize(g, t.name, CPU) != t.itemsize for t in g.tensors())
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = live_points(tables.graph, unreduced=tables.unreduced, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
     layouts = list(enumerate_layouts(g, mesh))
     checked = 0
     for lay in layouts[:: max(1, len(layouts) // 8)]:

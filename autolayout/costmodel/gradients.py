@@ -34,11 +34,12 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
-from autolayout.costmodel.lifetimes import body_lifetimes, last_reads, lifetimes
+from autolayout.costmodel.lifetimes import body_lifetimes, last_read_at, last_reads, lifetimes
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
-__all__ = ["gradient_reducers", "combined_reductions", "combined_point", "gradient_bytes", "deferred_reductions"]
+__all__ = ["gradient_reducers", "gradients_reduced", "combined_reductions", "combined_point", "gradient_bytes",
+           "deferred_reductions"]
 
 
 class _EveryDimSplit(dict):
@@ -66,6 +67,14 @@ def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
     return MappingProxyType({k: frozenset(v) for k, v in found.items()})
 
 
+def gradients_reduced(graph: Graph, held: Mapping[str, int], partials: Mapping[str, int]) -> bool:
+    """Whether a layout reduces some parameter gradient: an op of :func:`gradient_reducers` holds
+    partial sums (``held``: ``memory.held_bytes``, ``partials``: ``memory.partial_bytes``, per op;
+    both 0 where the op reduces nothing). Only then does XLA:CPU's step have the combined
+    gradient reduction the optimizer updates wait for (``costmodel.order.memory_order``)."""
+    return any(held.get(o, 0) or partials.get(o, 0) for ops in gradient_reducers(graph).values() for o in ops)
+
+
 @lru_cache(maxsize=256)
 def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
     """Where the step reduces its parameter gradients together (module docstring), per
@@ -89,12 +98,12 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
     """Per computation of :func:`combined_reductions`, ``(position, freed)``: the reduction runs
     right after the unit at ``position``, which has freed the tensors it read for the last time
-    (``freed``: ``lifetimes.last_reads``, as ``memory.split_reductions`` lists an op's)."""
+    (``freed``: ``lifetimes.last_reads``, as ``phases.split_reductions`` lists an op's)."""
     units, alloc, free = lifetimes(graph)
     out = {}
     for loop, (at, _) in combined_reductions(graph).items():
-        out[loop] = (at, last_reads(alloc, free, at) if loop is None
-                     else last_reads(*body_lifetimes(graph, graph.loops[loop]), at))
+        out[loop] = (at, last_reads(alloc, free, at, last_read_at(graph)) if loop is None
+                     else last_reads(*body_lifetimes(graph, graph.loops[loop]), at, last_read_at(graph, loop)))
     return out
 
 
@@ -112,7 +121,7 @@ def deferred_reductions(graph: Graph, combines: bool) -> frozenset[str]:
     (``Hardware.combines_gradient_reductions``; none elsewhere, where each op reduces its own).
     Each writes its partial sums where it runs, and its reduced result is allocated at the
     combined reduction. So ``memory.peak_memory`` counts it at its own position without its
-    output (the contraction's phase of ``memory.split_reductions``, ``inputs + partial sums``);
+    output (the contraction's phase of ``phases.split_reductions``, ``inputs + partial sums``);
     from there to the reduction its output's bytes stand for the partial sums. In the traced order
     the gradient contractions run late, near the reduction; in a breadth-first order one runs as
     soon as its operands are ready, beside the forward's activations (measured: the zoo moe's

@@ -10,12 +10,13 @@ read them.
 from __future__ import annotations
 
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "last_reads", "schedule_points", "readers_of", "in_place_operand",
-           "loop_state_chain"]
+__all__ = ["lifetimes", "body_lifetimes", "last_reads", "last_read_at", "schedule_points", "readers_of",
+           "in_place_operand", "loop_state_chain"]
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
@@ -65,11 +66,36 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
     return units, alloc, free
 
 
-def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int) -> tuple[str, ...]:
+def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int,
+               read: Mapping[str, int]) -> tuple[str, ...]:
     """The tensors the unit at position ``i`` reads for the last time, freed once it has run:
-    allocated before ``i`` and last live there (``alloc``, ``free``: :func:`lifetimes`' at the top
-    level, :func:`body_lifetimes`' ``order`` and ``last`` in a scan's body)."""
-    return tuple(m for m in alloc if free[m] == i and alloc[m] < i)
+    allocated before ``i``, last live there and last read there (``alloc``, ``free``:
+    :func:`lifetimes`' at the top level, :func:`body_lifetimes`' ``order`` and ``last`` in a scan's
+    body; ``read``: :func:`last_read_at` of the same computation). A tensor whose buffer the next
+    unit takes over (an element-wise op writing over it, :func:`in_place_operand`, or a loop whose
+    state it becomes) ends one unit before that reader but is not freed: its bytes live on as the
+    taker's, so the unit before does not free them."""
+    return tuple(m for m in alloc if free[m] == i and alloc[m] < i and read.get(m) == i)
+
+
+@lru_cache(maxsize=256)
+def last_read_at(graph: Graph, loop: str | None = None) -> Mapping[str, int]:
+    """The position of each tensor's last reader: in the top-level schedule (a scan's body op at
+    its scan's unit), or, for ``loop``, in that scan's body (readers outside it left out)."""
+    readers = readers_of(graph)
+    if loop is None:
+        pos = {}
+        for i, u in enumerate(graph.schedule):
+            for n in (u.body if isinstance(u, Loop) else (u,)):
+                pos[n] = i
+    else:
+        pos = {n: j for j, n in enumerate(graph.loops[loop].body)}
+    out = {}
+    for name, rs in readers.items():
+        at = [pos[r] for r in rs if r in pos]
+        if at:
+            out[name] = max(at)
+    return MappingProxyType(out)
 
 
 @lru_cache(maxsize=64)

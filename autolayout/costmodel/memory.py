@@ -57,8 +57,10 @@ a value computed in the step (:func:`~autolayout.costmodel.copies.copy_spans`), 
 A contraction (or reduction) whose output is partial runs as two instructions, the dot writing
 the partial sums while its inputs are live, then the collective writing the reduced result, and
 buffer assignment frees an input the dot read for the last time before that result is allocated:
-an op of :func:`split_reductions` counts the larger of ``inputs + partial sums`` and ``partial sums
-+ result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``). A
+an op of :func:`~autolayout.costmodel.phases.split_reductions` counts the larger of ``inputs + partial sums`` and ``partial sums
++ result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``),
+the collective's phase where the order runs it: at the op, or right after a later unit
+(:mod:`~autolayout.costmodel.phases`, ``phases.collective_points``). A
 reduce-scatter's relayout copy is an instruction of its own between the two, so the contraction's
 phase holds :func:`contraction_bytes` and the collective's the copy too (:func:`partial_bytes`).
 
@@ -70,7 +72,7 @@ all-reduces that do not depend on one another too (a split ``d_model``'s q, k an
 projections): which do depends on the layout, and ``peak_memory``'s ``groups``
 (:func:`~autolayout.costmodel.combine.combined_all_reduces`) hold their partial sums the same
 way (the members' results are written at the last's collective phase where it is an op of
-:func:`split_reductions`: ``tests/test_memory_phases.py``). The
+:func:`~autolayout.costmodel.phases.split_reductions`: ``tests/test_memory_phases.py``). The
 breakdown is taken at the peak: ``params``, ``opt_state``, ``grads`` (the parameters'
 gradients) and ``activations`` (everything else: inputs, saved activations,
 temporaries, outputs that are not parameters or optimizer state), and ``transient``
@@ -83,7 +85,6 @@ the bfloat16 operands of a contraction and an einsum's result in float32 buffers
 from __future__ import annotations
 
 from functools import lru_cache
-from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.core import Mesh
@@ -91,15 +92,15 @@ from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.lifetimes import body_lifetimes, last_reads, lifetimes, schedule_points
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
+from autolayout.costmodel.phases import Phases, after_bytes, after_points
 from autolayout.costmodel.plan import OpPlan, grad_of
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "split_reductions",
-           "phased_reductions", "held_bytes", "stored_itemsize",
+__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "held_bytes", "stored_itemsize",
            "stored_bytes", "operand_copy_bytes"]
 
 
@@ -139,7 +140,7 @@ def contraction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     runs: the inputs the plan converts for it and the partial sums it writes, not the relayout
     copy a reduce-scatter reads (an instruction of its own after the dot, run with the collective:
     XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
-    An op of :func:`split_reductions` or ``gradients.deferred_reductions`` counts this in its
+    An op of :func:`~autolayout.costmodel.phases.split_reductions` or ``gradients.deferred_reductions`` counts this in its
     contraction's phase and the copy with its collective (:func:`partial_bytes`)."""
     return int(p.temp_bytes + _partial_bytes(p, op, mesh, hardware))
 
@@ -148,7 +149,7 @@ def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     """The part of :func:`transient_bytes` that the reduction of ``p``'s partial output holds:
     the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
     before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
-    Where :func:`split_reductions` lists the op, :func:`peak_memory` counts these in the
+    Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op, :func:`peak_memory` counts these in the
     reduction's own phase, after the contraction has freed its inputs."""
     extra = _partial_bytes(p, op, mesh, hardware)
     if extra and hardware.reduce_scatter_copies:
@@ -246,53 +247,6 @@ def stored_bytes(graph: Graph, local_bytes: Mapping[str, int], hardware: Hardwar
     return out
 
 
-@lru_cache(maxsize=256)
-def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
-    """The ops whose reduction :func:`peak_memory` counts in a phase of its own, each with the
-    tensors it reads for the last time (freed between its two phases).
-
-    XLA runs a contraction (or reduction) whose output is partial as two instructions: the
-    ``dot`` writes the partial sums into a buffer of their own while its inputs are live, then
-    the collective (``all-reduce``, ``reduce-scatter``) writes the reduced result into another,
-    and buffer assignment frees an input read for the last time by the dot before the
-    collective's result is allocated (``HloLiveRange``: a value lives from its defining
-    instruction to its last use). So the op holds ``inputs + partial sums`` and then
-    ``partial sums + result``, never the three together. Listed: the reducing ops
-    (``storage.REDUCING``'s einsums and reductions) whose output takes memory of its own and is
-    not on a parameter's gradient path (:func:`~autolayout.costmodel.gradients.combined_reductions`: those keep their partial sums
-    for the combined reduction where the backend has one, and their bytes change with the
-    parameter's storage options) nor written over a donated argument. A step's output too: its
-    whole-call allocation, written by the collective, can hold a temporary until then
-    (``_output_peak``; ``tests/test_memory_phases.py``, DESIGN §11)."""
-    donated = set(getattr(graph, "donated", {}))
-    gradient = {o for _, ops in combined_reductions(graph).values() for o in ops}
-
-    def listed(n: str) -> bool:
-        op = graph.op(n)
-        return (op.kind in ("einsum", "reduce") and op.materialised and n not in donated and n not in gradient
-                and op.output.role not in ("input", "param", "opt_state"))
-
-    units, alloc, free = lifetimes(graph)
-    out: dict[str, tuple[str, ...]] = {}
-    for i, u in enumerate(units):
-        if isinstance(u, Loop):
-            order, last = body_lifetimes(graph, u)
-            for j, n in enumerate(u.body):
-                if listed(n):
-                    out[n] = last_reads(order, last, j)
-        elif listed(u) and u in alloc:
-            out[u] = last_reads(alloc, free, i)
-    return MappingProxyType(out)
-
-
-@lru_cache(maxsize=256)
-def phased_reductions(graph: Graph, combines: bool) -> frozenset[str]:
-    """The ops :func:`peak_memory` counts in phases, whose ``temps`` are their contraction's
-    (:func:`contraction_bytes`): those of :func:`split_reductions` and, where ``combines``
-    (``Hardware.combines_gradient_reductions``), of ``gradients.deferred_reductions``."""
-    return frozenset(split_reductions(graph)) | deferred_reductions(graph, combines)
-
-
 def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] | None = None,
                 held: Mapping[str, int] | None = None,
                 copies: Mapping[str, tuple[int, ...]] | None = None,
@@ -313,7 +267,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
     ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the bytes its reduction
-    holds (:func:`partial_bytes`); an op of :func:`split_reductions` with some (whose ``temps`` are
+    holds (:func:`partial_bytes`); an op of :func:`~autolayout.costmodel.phases.split_reductions` with some (whose ``temps`` are
     its contraction's, :func:`contraction_bytes`, as for ``gradients.deferred_reductions``'s)
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
@@ -324,13 +278,20 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     freed there gone, ``gradients.gradient_bytes`` held)."""
     temps = temps or {}
     held = held or {}
-    phases = _Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
+    phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
     spans = _spans(graph, copies or {}, gathered or {}, early)
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
-    after = {loop: (*points[loop], gradient_bytes(ops, held, partials or {}))
-             for loop, (_, ops) in combined_reductions(graph).items() if loop in points}
     units, alloc, free = lifetimes(graph)
+
+    def held_at(loop: str | None, op: str) -> list[tuple[str, int]]:  # a moved collective's combined group
+        seq = units if loop is None else graph.loops[loop].body
+        return _held_at(combined.get(loop, ()), seq, seq.index(op), held)
+
+    # points right after a unit: the gradients' combined reduction, the collectives the order runs late
+    after = after_points(graph, partials or {}, held_at,
+                         {loop: (*points[loop], gradient_bytes(ops, held, partials or {}))
+                          for loop, (_, ops) in combined_reductions(graph).items() if loop in points})
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
                          phases, after)  # outputs allocated for the whole call
     if whole is not None:
@@ -347,33 +308,33 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         delta[stop + 1] -= b
     best, best_at, running = -1, 0, 0
     runs, bodies = [], {}
-    top_after = after.get(None)
-    peak_after = False  # whether the peak is the combined gradient reduction's point, after unit best_at
+    peak_after = None  # (freed, buffers) where the peak is a point right after unit best_at (after_points)
     for i, u in enumerate(units):
         running += delta[i]
         runs.append(running)
         total = running
         if isinstance(u, Loop):
             bodies[i] = _body_peak(graph, u, size, temps, _waiting(combined.get(u.name, ()), u.body, held),
-                                   spans.get(u.name, ()), phases, after.get(u.name))
+                                   spans.get(u.name, ()), phases, after.get(u.name, ()))
             total += bodies[i][0]
         else:
             total += temps.get(u, 0) + waiting.get(i, 0)
             if phases.listed(u):
                 total = max(phases.totals(u, total, running, waiting.get(i, 0), spans.get(None, ()), i))
         if total > best:
-            best, best_at, peak_after = total, i, False
-        if top_after is not None and top_after[0] == i:
-            there = _after(running, size, top_after[1], spans.get(None, ()), i) + sum(top_after[2])
-            if there > best:
-                best, best_at, peak_after = there, i, True
+            best, best_at, peak_after = total, i, None
+        for at, gone, bufs in after.get(None, ()):
+            if at == i:
+                there = after_bytes(running, size, gone, spans.get(None, ()), i) + sum(b for _, b in bufs)
+                if there > best:
+                    best, best_at, peak_after = there, i, (gone, bufs)
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
     unit = units[best_at] if units else None
-    if peak_after:  # the combined gradient reduction, after unit best_at
-        gone = set(top_after[1])
-        live, body_live, transient = [n for n in live if n not in gone], [], sum(top_after[2])
+    if peak_after is not None:  # a point right after unit best_at (after_points)
+        gone = set(peak_after[0])
+        live, body_live, transient = [n for n in live if n not in gone], [], sum(b for _, b in peak_after[1])
         here = _copies_at(spans.get(None, ()), best_at, False)
     elif isinstance(unit, Loop):
         body_live, body_op, body_at, transient, body_freed = bodies[best_at][1:]
@@ -394,55 +355,6 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     return max(best, 0), breakdown
 
 
-class _Phases:
-    """The two phases of the ops of :func:`split_reductions` (:func:`peak_memory`): the
-    contraction (``live - output + temps``: the partial sums are written, the result not yet
-    allocated) and the collective (``live - the op's last reads - the conversions and copies
-    freed after it + partials``)."""
-
-    def __init__(self, graph: Graph, size: Mapping[str, int], partials: Mapping[str, int],
-                 deferred: frozenset[str] = frozenset()) -> None:
-        self.split, self.deferred = split_reductions(graph), deferred
-        self.size, self.partials = size, partials
-
-    def listed(self, op) -> bool:
-        """Whether ``op`` is counted in two phases (:func:`split_reductions`; where its layout
-        reduces nothing, the contraction's phase is the op's whole count and the other one less)
-        or in the contraction's alone (``gradients.deferred_reductions``)."""
-        return op in self.split or op in self.deferred
-
-    def result(self, op: str) -> int:
-        """Bytes of ``op``'s output in its contraction's phase: none while it writes partial sums."""
-        return 0 if self.partials.get(op, 0) else self.size.get(op, 0)
-
-    def totals(self, op: str, total: int, running: int, waiting: int, spans, i: int) -> tuple[int, int]:
-        """``(contraction, collective)`` bytes at ``op``'s position ``i``, where one phase
-        counts ``total`` (``running`` live bytes, spans included, + the op's temps +
-        ``waiting`` held bytes)."""
-        contraction = total - self.size.get(op, 0) + self.result(op)
-        if op not in self.split:  # deferred: reduced at the combined reduction
-            return contraction, contraction
-        contraction -= waiting  # the results of an all-reduce combined with this op's are written at its collective
-        return contraction, _after(running, self.size, self.split[op], spans, i) + self.partials.get(op, 0) + waiting
-
-    def at_peak(self, op: str, live: list, transient: int, running: int, waiting: int, spans, i: int
-                ) -> tuple[list, int, bool]:
-        """``(live tensors, transient bytes, whether spans ending at i are live)`` at the peak."""
-        contraction, collective = self.totals(op, running + transient, running, waiting, spans, i)
-        if contraction >= collective:
-            return [n for n in live if n != op or self.result(op)], transient - (waiting if op in self.split else 0), True
-        gone = set(self.split[op])
-        return [n for n in live if n not in gone], self.partials.get(op, 0) + waiting, False
-
-
-def _after(running: int, size: Mapping[str, int], gone, spans, i: int) -> int:
-    """The bytes live once the unit at position ``i`` has run, where ``running`` were live while it
-    ran: less the tensors ``gone`` it read for the last time and the buffers of ``spans`` (copies,
-    conversions) whose last reader it is. A split reduction's collective and the combined gradient
-    reduction count from there."""
-    return running - sum(size.get(n, 0) for n in gone) - sum(b for _, stop, b, _ in spans if stop == i)
-
-
 def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
     """``{position: bytes}``: the held bytes of a computation's combined reductions' ops, live
     at the position of each (the op running there counts its own in its transient bytes)."""
@@ -453,7 +365,7 @@ def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
 
 
 def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[str, int],
-               waiting: Mapping[int, int], spans=(), phases: _Phases | None = None, after=None
+               waiting: Mapping[int, int], spans=(), phases: Phases | None = None, after=()
                ) -> tuple[int, list, str | None, int, int, bool]:
     """Peak of one iteration's own tensors (carried values live for the whole iteration),
     with the transient bytes of the op running there (and the ``waiting`` held bytes of the
@@ -469,7 +381,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
     for start, stop, b, _ in spans:
         delta[start] += b
         delta[stop + 1] -= b
-    best, best_at, running, peak_after = 0, 0, 0, False
+    best, best_at, running, peak_after = 0, 0, 0, None
     runs = []
     for i in range(end):
         running += delta[i]
@@ -479,18 +391,19 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
         if phases is not None and phases.listed(op):
             total = max(phases.totals(op, total, running, waiting.get(i, 0), spans, i))
         if total > best:
-            best, best_at, peak_after = total, i, False
-        if after is not None and after[0] == i:  # the combined gradient reduction, after op i
-            there = _after(running, size, after[1], spans, i) + sum(after[2])
-            if there > best:
-                best, best_at, peak_after = there, i, True
+            best, best_at, peak_after = total, i, None
+        for at, gone, bufs in after:  # points right after op i (phases.after_points)
+            if at == i:
+                there = after_bytes(running, size, gone, spans, i) + sum(b for _, b in bufs)
+                if there > best:
+                    best, best_at, peak_after = there, i, (gone, bufs)
     if not end:
         return best, [], None, 0, 0, False
     op = lp.body[best_at]
     live = [n for n in lp.body if order[n] <= best_at <= last[n]]
-    if peak_after:
-        gone = set(after[1])
-        return best, [n for n in live if n not in gone], None, best_at, sum(after[2]), True
+    if peak_after is not None:
+        gone = set(peak_after[0])
+        return best, [n for n in live if n not in gone], None, best_at, sum(b for _, b in peak_after[1]), True
     transient = temps.get(op, 0) + waiting.get(best_at, 0)
     ending = True
     if phases is not None and phases.listed(op):
@@ -501,7 +414,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
-                 spans: Mapping[str | None, list], combined: Mapping, phases: _Phases,
+                 spans: Mapping[str | None, list], combined: Mapping, phases: Phases,
                  after: Mapping) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
@@ -509,7 +422,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     bytes, held bytes waiting for their combined reduction, the operand copies ``spans`` of
     :func:`copy_span_bytes` live there) plus ``outputs.unplaced_output_bytes`` of
     the outputs not yet written there (``combined``: the combined all-reduces' groups; ``after``:
-    the combined gradient reductions' points, ``gradients.combined_point``), an op of
+    the points right after a unit, ``phases.after_points``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
@@ -541,7 +454,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                   + ([] if op in phases.split else held_here) + top + list(own), op)
         else:
             point(i, list(live), [("transient", temps.get(op, 0))] + held_here + top + list(own))
-        if op in phases.split:  # the collective's phase of a split reduction (_Phases)
+        if op in phases.split and op not in phases.moved:  # the collective's phase of a split reduction (Phases)
             gone = set(phases.split[op])
             if loop is None:
                 top = _copies_at(spans.get(None, ()), i, False)
@@ -549,17 +462,15 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                 own = _copies_at(spans.get(loop, ()), j, False)
             point(i, [n for n in live if n not in gone], [("transient", phases.partials.get(op, 0))] + held_here + top
                   + list(own))
-        here = after.get(loop)
-        if here is not None and here[0] == (i if loop is None else j):  # the combined gradient reduction
-            gone = set(here[1])
-            top = _copies_at(spans.get(None, ()), i, loop is not None)
-            own = () if loop is None else _copies_at(spans.get(loop, ()), j, False)
-            point(i, [n for n in live if n not in gone], [("held", b) for b in here[2]] + top + list(own))
-    here = after.get(None)
-    if here is not None and isinstance(units[here[0]], Loop):  # the combined gradient reduction, after a scan
-        i, gone = here[0], set(here[1])
-        point(i, [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone],
-              [("held", b) for b in here[2]] + _copies_at(spans.get(None, ()), i, False))
+        for at, gone, bufs in after.get(loop, ()):  # points right after this op (phases.after_points)
+            if at == (i if loop is None else j):
+                top = _copies_at(spans.get(None, ()), i, loop is not None)
+                own = () if loop is None else _copies_at(spans.get(loop, ()), j, False)
+                point(i, [n for n in live if n not in set(gone)], list(bufs) + top + list(own))
+    for i, gone, bufs in after.get(None, ()):
+        if isinstance(units[i], Loop):  # right after a scan
+            point(i, [n for n in alloc if alloc[n] <= i <= free[n] and n not in set(gone)],
+                  list(bufs) + _copies_at(spans.get(None, ()), i, False))
     total, names, extras, free_outs, buffers = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
@@ -581,7 +492,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
 def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
     """The buffers of :func:`_spans` live at position ``i`` (``(kind, bytes)``, one buffer each);
     without those whose last reader runs there unless ``ending`` (a split reduction's collective
-    phase, :class:`_Phases`)."""
+    phase, :class:`~autolayout.costmodel.phases.Phases`)."""
     return [(what, b) for start, stop, b, what in spans if start <= i <= stop and (ending or stop > i)]
 
 

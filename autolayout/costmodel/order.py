@@ -29,10 +29,23 @@ instruction reads every op that may reduce a gradient in its computation
 them, so the optimizer updates wait for the last gradient. It is queued when the last gradient
 leaves the queue, so it runs after the instructions queued before that: the view records the unit
 it runs right after (``Graph.combined_after``, per computation), where the memory model counts the
-gradients' reduction (:mod:`autolayout.costmodel.gradients`). Other collectives are not
-instructions of this order: which ops have one depends on the layout, and the search's memory
-rows need one order per graph (so it stays exact); the rest of the model places each
-collective at its op (``memory.split_reductions``, ``sharing.spans``). A rename of dims is an
+gradients' reduction (:mod:`autolayout.costmodel.gradients`). That instruction exists only where
+the layout reduces some gradient (a data-parallel layout, not a model-parallel one): elsewhere
+each update is queued as soon as its gradient is ready. So a graph has two orders,
+``memory_order(..., gradients_reduced=...)``: ``predict`` walks the one of the layout it prices
+(``gradients.gradients_reduced``), and the search holds the points of both, each row enforced
+under a literal of its order (``search/orders.py``; exact). The collective of every op of
+``phases.split_reductions`` (an all-reduce or reduce-scatter of a non-gradient contraction) is a
+node of the order too, queued when its op leaves the queue and read by the op's readers, whether
+or not a layout reduces there (one order for every layout; where none does, the node holds
+nothing): the memory model counts the collective's phase where it runs
+(``phases.collective_points``). Measured (``benchmarks/memory_vs_xla.py``, DESIGN §11; of 76
+chosen layouts, 72 and 144 drawn at random), with the reduction-fusion rule of
+``fusion.with_fusion``: collectives at their ops left 65, 60 and 124 within 10% of XLA's
+``memory_analysis()``, the collective nodes 65, 63 and 130, and with the two orders 66, 66 and
+132 (before the three changes: 68, 65 and 123, with 8 layouts under XLA's figure by more than
+10%; now 4). Conversions that later readers share stay at their
+op (``sharing.spans``). A rename of dims is an
 instruction: where the layout moves data between the two names it is a collective, computed as
 soon as its operand is; where it does not it is a ``bitcast``. Taken as a bitcast, placed before
 its reader, 3 more of 72 layouts drawn at random (seed 0) and 9 more of 144 (seed 1) were more
@@ -55,6 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import readers_of
+from autolayout.costmodel.phases import split_reductions
 from autolayout.costmodel.gradients import gradient_reducers
 from autolayout.graph import Graph, Loop
 
@@ -63,39 +77,58 @@ __all__ = ["memory_order", "breadth_first", "fifo_order"]
 _SYNC = object()  # the combined gradient all-reduce: a node of the order, not an op
 
 
-def memory_order(graph: Graph, hardware: Hardware) -> Graph:
+@dataclasses.dataclass(frozen=True)
+class _Collective:
+    """The collective of a split reduction (``phases.split_reductions``): a node of the order,
+    queued when its op leaves the queue, and read by the op's readers."""
+
+    op: str
+
+
+def memory_order(graph: Graph, hardware: Hardware, *, gradients_reduced: bool = True) -> Graph:
     """The graph whose schedule the memory model walks on ``hardware`` (module docstring):
-    :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. ``predict``
-    (``price_plan``) and the search (``search.tables.Tables``) both call this (one rule)."""
+    :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. There the
+    collective of every op of ``phases.split_reductions`` is a node of the order, and the
+    gradients' combined all-reduce one where ``hardware.combines_gradient_reductions`` and the
+    layout reduces some gradient (``gradients_reduced``: ``predict`` tells from the plan; the
+    search holds the order of each case and a literal choosing between them,
+    ``search.model.LayoutModel.gradients_reduced``). ``predict`` (``price_plan``) and the search
+    (``search.tables.Tables``) both call this (one rule)."""
     if not hardware.breadth_first_schedule:
         return graph
-    return breadth_first(graph, combined=hardware.combines_gradient_reductions)
+    return breadth_first(graph, combined=hardware.combines_gradient_reductions and gradients_reduced,
+                         collectives=frozenset(split_reductions(graph)))
 
 
-def breadth_first(graph: Graph, combined: bool = False) -> Graph:
+def breadth_first(graph: Graph, combined: bool = False, collectives: frozenset[str] = frozenset()) -> Graph:
     """``graph`` with its schedule and its scans' bodies in the order of XLA's
     ``BFSMemoryScheduler`` (module docstring); ``combined``: the gradients' all-reduces run as one
     instruction, right after the unit ``combined_after[computation]`` of the view (``None``: the
-    top level; a scan's name: its body). A graph this returned comes back as it is."""
+    top level; a scan's name: its body); ``collectives``: ops whose collective is an instruction
+    of its own, queued when the op leaves the queue and read by the op's readers, run right after
+    the unit ``collective_after[op]`` of the view (listed where that is not the op itself). A
+    graph this returned comes back as it is."""
     if getattr(graph, "breadth_first_of", None) is not None:
         return graph
-    return _breadth_first(graph, combined)
+    return _breadth_first(graph, combined, frozenset(collectives))
 
 
 @lru_cache(maxsize=64)
-def _breadth_first(graph: Graph, combined: bool) -> Graph:
+def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str]) -> Graph:
     readers = readers_of(graph)  # a fused op's readers: the materialised ops it is fused into
     sources = _sources(graph)
     reducers = gradient_reducers(graph) if combined else {}
     loops = []
     after: dict[str | None, str] = {}  # per computation, the unit the combined reduction runs after
+    moved: dict[str, str] = {}  # the collectives that run after a unit other than their op's
     for lp in graph.loops.values():
         body = set(lp.body)
         nodes = [n for n in lp.body if graph.op(n).materialised]
         deps = {n: [s for s in sources[n] if s in body] for n in nodes}
-        order, before = _fifo_split(nodes, deps, reducers.get(lp.name, frozenset()))
+        order, before, later = _fifo_split(nodes, deps, reducers.get(lp.name, frozenset()), collectives)
         if before is not None:
             after[lp.name] = before
+        moved.update(later)
         loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, readers)))
     new_loops = {lp.name: lp for lp in loops}
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
@@ -106,13 +139,15 @@ def _breadth_first(graph: Graph, combined: bool) -> Graph:
         reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
         deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
     top = reducers.get(None, frozenset())
-    order, before = _fifo_split(nodes, deps, top)
+    order, before, later = _fifo_split(nodes, deps, top, collectives)
     if before is not None:
         after[None] = before
+    moved.update(later)
     units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in new_loops})
     view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
     view.breadth_first_of = graph
     view.combined_after = MappingProxyType(after)
+    view.collective_after = MappingProxyType(moved)
     return view
 
 
@@ -125,19 +160,28 @@ def fifo_order(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined
     return _fifo_split(nodes, deps, combined)[0]
 
 
-def _fifo_split(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]
-                ) -> tuple[list, Any]:
-    """``(order, before)``: :func:`fifo_order`, and the node the combined instruction runs right
-    after in it (``None`` where there is no such instruction)."""
-    full = _fifo(nodes, deps, combined)
-    if _SYNC not in full:
-        return full, None
-    k = full.index(_SYNC)
-    return full[:k] + full[k + 1:], full[k - 1]
+def _fifo_split(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any],
+                collectives: frozenset = frozenset()) -> tuple[list, Any, dict]:
+    """``(order, before, moved)``: :func:`fifo_order`, the node the combined instruction runs
+    right after in it (``None`` where there is no such instruction), and for each node of
+    ``collectives`` whose collective instruction runs after another node, that node."""
+    order, before, moved, prev = [], None, {}, None
+    for x in _fifo(nodes, deps, combined, collectives):
+        if isinstance(x, _Collective):
+            if prev != x.op:
+                moved[x.op] = prev
+        elif x is _SYNC:
+            before = prev
+        else:
+            order.append(x)
+            prev = x
+    return order, before, moved
 
 
-def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any]) -> list:
-    """:func:`fifo_order`, with the combined instruction in it (``_SYNC``) where there is one."""
+def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any],
+          collectives: frozenset = frozenset()) -> list:
+    """:func:`fifo_order`, with the combined instruction in it (``_SYNC``) where there is one and
+    the collective of each node of ``collectives`` (:class:`_Collective`)."""
     present, combined = set(nodes), set(combined)
     group = [n for n in nodes if n in combined]
     wait: dict[Any, list] = {}
@@ -145,11 +189,15 @@ def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Ite
         ds = [d for d in dict.fromkeys(deps.get(n, ())) if d in present and d != n]
         if group and n not in group and any(d in group for d in ds):
             ds = [d for d in ds if d not in group] + [_SYNC]
-        wait[n] = ds
+        wait[n] = [_Collective(d) if d in collectives else d for d in ds]
     order_in = list(nodes)
     if group:
         wait[_SYNC] = group
         order_in.append(_SYNC)
+    for n in nodes:
+        if n in collectives:
+            wait[_Collective(n)] = [n]
+            order_in.append(_Collective(n))
     users: dict[Any, list] = {n: [] for n in order_in}
     count = {}
     for n in order_in:

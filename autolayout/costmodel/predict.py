@@ -10,8 +10,10 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
-from autolayout.costmodel.memory import peak_memory, phased_reductions, stored_bytes
+from autolayout.costmodel.memory import peak_memory, stored_bytes
+from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.order import memory_order
+from autolayout.costmodel.gradients import gradients_reduced
 from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
@@ -124,7 +126,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     rows, colls = [], []
     temps: dict[str, int] = {}
     held: dict[str, int] = {}
-    partials: dict[str, int] = {}  # the reductions' part of temps (memory.split_reductions)
+    partials: dict[str, int] = {}  # the reductions' part of temps (phases.split_reductions)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
@@ -164,6 +166,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
+    if not gradients_reduced(graph, held, partials):  # no combined gradient reduction to wait for
+        walk = memory_order(graph, hw, gradients_reduced=False)
     mem_total, breakdown = peak_memory(walk, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,

@@ -101,7 +101,7 @@ class OpCost:
 
     def running_bytes(self, phased: bool) -> int:
         """The bytes the op holds where it runs: :attr:`transient_bytes`, or for an op the memory
-        model counts in phases (``phased``: :func:`~autolayout.costmodel.memory.phased_reductions`,
+        model counts in phases (``phased``: :func:`~autolayout.costmodel.phases.phased_reductions`,
         whose collective holds :attr:`partial_bytes`) :attr:`contraction_bytes`. ``predict``, the
         search's tables and its storage options' byte deltas all take this."""
         return self.contraction_bytes if phased else self.transient_bytes

@@ -315,7 +315,8 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
         # tables or storage options are needed to know that
         # late spans are subsets of early ones: a floor for either schedule
         walk = memory_order(g, hw)
-        floor = share_floor(walk, mesh, live_points(walk, early=False))
+        floor = share_floor(walk, mesh, live_points(walk, early=False,
+                                                    unreduced=memory_order(g, hw, gradients_reduced=False)))
         if floor > limit:
             raise Dominated(f"no layout fits: at least {floor} B per device (each tensor's share of the "
                             f"{mesh.size} devices, at the peak), above memory_limit {int(limit)} B")

@@ -18,11 +18,13 @@ from the operand's producer to its dot) and the converted copies that later read
 (:func:`gathered`: ``sharing.spans``, from where the schedule runs the conversion to the last
 reader).
 
-An op of ``memory.split_reductions`` gives two points, as ``predict`` counts it: the contraction's
+An op of ``phases.split_reductions`` gives two points, as ``predict`` counts it: the contraction's
 (its output listed as :func:`result`, 0 bytes where the layout makes it write partial sums) and the
 collective's (without the tensors it reads for the last time and the copies freed after it, with
-its :func:`partial` sums). Where the hardware combines the gradients' all-reduces, an op of
-``gradients.deferred_reductions`` gives the contraction's point alone.
+its :func:`partial` sums), at the op, or right after the later unit where the order runs it
+(``phases.collective_points``: that unit's last reads and the copies freed there gone). Where
+the hardware combines the gradients' all-reduces, an op of ``gradients.deferred_reductions``
+gives the contraction's point alone.
 
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
@@ -41,12 +43,18 @@ freed there gone) lists the :func:`held` bytes of its gradient-reducing ops but 
 ``gradients.gradient_bytes``).
 The point of an op whose all-reduce may end a combined one
 (``costmodel.combine.combined_all_reduces``) lists a :func:`combined` name for each op that
-may hold its partial sums there (``combine.held_pairs``; at an op of ``memory.split_reductions``,
+may hold its partial sums there (``combine.held_pairs``; at an op of ``phases.split_reductions``,
 on the collective's point alone: the results are written there); which do depends on the layout
 (the combiner groups all-reduces of the same mesh axes), so a layout sizes them
 (``search.warm.sizes_of``: the held bytes of the members of its groups, 0 for the rest) and,
 like the output allocations, they count in :func:`peak_of` but not in the rows' live sums
 (:func:`live_peak_of`): the solver cuts off a layout they put over the limit (a no-good cut).
+
+Where a layout's order depends on whether it reduces a gradient (``costmodel.order.memory_order``:
+XLA:CPU's combined gradient reduction), :func:`live_points` lists the points of both orders, each
+guarded by its order (:class:`LivePoints`), and :func:`peak_of` counts those of the layout's own
+(:meth:`LivePoints.order_of`); the search enforces a row under its order's literal
+(``search/orders.py``), and a floor over every layout takes the smaller order's (:func:`floor_of`).
 
 ``peak_memory(graph, mesh, axes_of, shrink)[0] == peak_of(points, sizes)[0]``
 for every layout; ``tests/test_search.py`` checks this against the cost model.
@@ -56,8 +64,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.combine import held_pairs
-from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions
-from autolayout.costmodel.memory import split_reductions
+from autolayout.costmodel.gradients import (combined_point, combined_reductions, deferred_reductions, gradient_reducers,
+                                            gradients_reduced)
+from autolayout.costmodel.phases import collective_points, split_reductions
 
 from autolayout.costmodel.copies import copy_spans
 
@@ -66,8 +75,8 @@ from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, 
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
-__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "transient", "is_transient", "held", "is_held",
-           "partial", "is_partial", "result", "is_result",
+__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "transient",
+           "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined"]
 
@@ -93,7 +102,7 @@ def is_transient(name: str) -> bool:
 
 def partial(op: str) -> str:
     """The name under which the live set of the collective's phase of a split reduction
-    (``memory.split_reductions``) lists the partial sums ``op`` reduces there
+    (``phases.split_reductions``) lists the partial sums ``op`` reduces there
     (``memory.partial_bytes``; 0 where its layout reduces nothing)."""
     return _PARTIAL + op
 
@@ -181,15 +190,42 @@ def op_of(name: str) -> str:
 class LivePoints(list):
     """The live sets of :func:`live_points` (a list of name tuples), with the graph's outputs
     allocated for the whole call (``outputs``) and its arguments (``arguments``), which
-    :func:`peak_of` needs."""
+    :func:`peak_of` needs. Where a layout's order depends on whether it reduces a gradient
+    (``costmodel.order.memory_order``), ``guards[i]`` says which layouts point ``i`` is one of:
+    ``True`` those that reduce some gradient, ``False`` the others, ``None`` both (``graph``:
+    the graph whose ``gradients.gradient_reducers`` decide, :meth:`order_of`)."""
 
     def __init__(self, points: Sequence[tuple[str, ...]], outputs: frozenset[str] = frozenset(),
-                 arguments: frozenset[str] = frozenset()) -> None:
+                 arguments: frozenset[str] = frozenset(), guards: Sequence[bool | None] | None = None,
+                 graph: Graph | None = None) -> None:
         super().__init__(points)
         self.outputs = outputs
         self.arguments = arguments
         self.combined = any(is_combined(n) for names in points for n in names)  # layout-sized names
+        self.guards = tuple(guards) if guards is not None else (None,) * len(points)
+        self.graph = graph
         self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+
+    @property
+    def two_orders(self) -> bool:
+        """Whether some point belongs to one of the two orders only."""
+        return any(g is not None for g in self.guards)
+
+    def order_of(self, size: Mapping[str, int]) -> bool | None:
+        """The order of the layout whose bytes are ``size``: whether it reduces some gradient
+        (``gradients.gradients_reduced`` of its :func:`held` and :func:`partial` bytes); None with
+        one order."""
+        if not self.two_orders:
+            return None
+        ops = [o for group in gradient_reducers(self.graph).values() for o in group]
+        return gradients_reduced(self.graph, {o: size.get(held(o), 0) for o in ops},
+                                 {o: size.get(partial(o), 0) for o in ops})
+
+    def indices(self, order: bool | None) -> list[int]:
+        """The points of a layout of ``order`` (:meth:`order_of`; None: every point)."""
+        if order is None:
+            return list(range(len(self)))
+        return [i for i, g in enumerate(self.guards) if g is None or g == order]
 
     def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
         """Per point, ``(temporaries, outputs not yet written)``: its names that are neither
@@ -205,18 +241,36 @@ class LivePoints(list):
         return self._split
 
 
-def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoints:
+def live_points(graph: Graph, *, early: bool, combines: bool = False, unreduced: Graph | None = None
+                ) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order; ``early``: the shared
     conversions' spans as a breadth-first schedule places them
     (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`);
     ``combines``: ``Hardware.combines_gradient_reductions``, whose combined all-reduces add the
-    :func:`combined` names (``costmodel.combine.held_pairs``)."""
+    :func:`combined` names (``costmodel.combine.held_pairs``). ``unreduced``: the graph in the
+    order of a layout that reduces no gradient (``memory_order(..., gradients_reduced=False)``),
+    where it is not ``graph``: the points of both, each guarded by its order
+    (:class:`LivePoints`)."""
+    if unreduced is None or unreduced is graph:
+        return _live_points(graph, early=early, combines=combines)
+    reduced, other = (_live_points(g, early=early, combines=combines) for g in (graph, unreduced))
+    mine, theirs = set(reduced), set(other)
+    points = [p for p in reduced] + [p for p in other if p not in mine]
+    guards = [None if p in theirs else True for p in reduced] + [False for p in other if p not in mine]
+    return LivePoints(points, reduced.outputs, reduced.arguments, guards, graph)
+
+
+def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     gradients = combined_reductions(graph) if combines else {}
     points_after = combined_point(graph) if combines else {}
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     split = split_reductions(graph)
+    moved = collective_points(graph)
+    late: dict[tuple[str | None, int], list[tuple[str, tuple[str, ...]]]] = {}  # collectives run after a later unit
+    for o, (loop, k, gone) in moved.items():
+        late.setdefault((loop, k), []).append((o, gone))
     deferred = deferred_reductions(graph, combines)
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
@@ -248,11 +302,16 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
         elif op not in split:
             add(list(live), op, (), copies)
         else:
-            # a split reduction (memory.split_reductions): the contraction's phase, its output as result(op),
+            # a split reduction (phases.split_reductions): the contraction's phase, its output as result(op),
             # then the collective's, without the op's last reads and the copies freed after it
             add([n for n in live if n != op], op, (), copies, (result(op), transient(op)), combining=False)
-            gone = set(split[op])
-            add([n for n in live if n not in gone], op, (), freed, (partial(op),))
+            if op not in moved:
+                gone = set(split[op])
+                add([n for n in live if n not in gone], op, (), freed, (partial(op),))
+        for o, gone in late.get((loop, i if loop is None else j), ()) if op is not None else ():
+            # the collective of a split reduction the order runs after this op (phases.collective_points)
+            add([n for n in live if n not in set(gone)], None, (), freed, (partial(o),) + tuple(waiting_at.get(o, ())),
+                combining=False)
         at = points_after.get(loop)
         if op is not None and at is not None and at[0] == (i if loop is None else j):
             # the combined gradient reduction, after this op: gradients.gradient_bytes
@@ -261,6 +320,12 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False) -> LivePoi
             add([n for n in live if n not in gone], None, ops[:-1], freed, (partial(ops[-1]),), combining=False)
     at = points_after.get(None)
     units, alloc, free = lifetimes(graph)
+    for (loop, i), group in late.items():
+        if loop is None and isinstance(units[i], Loop):  # a collective run right after a scan
+            for o, gone in group:
+                live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in set(gone)]
+                add(live, None, (), copies_at(None, i, False), (partial(o),) + tuple(waiting_at.get(o, ())),
+                    combining=False)
     if at is not None and isinstance(units[at[0]], Loop):  # after a scan
         i, gone, ops = at[0], set(at[1]), gradients[None][1]
         live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
@@ -277,7 +342,7 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
     if not outputs and not getattr(points, "combined", False):
         return live_peak_of(points, size)
     best, at = -1, 0
-    for i in range(len(points)):
+    for i in indices_of(points, size):
         total = total_at(points, size, i)
         if total > best:
             best, at = total, i
@@ -299,11 +364,28 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
 def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
     """``(peak bytes, index of the first point reaching it)`` of the live sums alone (the
     search's memory rows, without the :func:`combined` names a layout sizes; a lower bound of
-    :func:`peak_of` at every point, and monotone in every tensor's bytes, so a sound floor from
-    each tensor's least bytes)."""
+    :func:`peak_of` at every point, and monotone in every tensor's bytes; over the points of the
+    layout's order, :func:`indices_of`: a floor over every layout is :func:`floor_of`)."""
     best, at = -1, 0
-    for i, names in enumerate(points):
-        total = sum(size.get(n, 0) for n in names if not is_combined(n))
+    for i in indices_of(points, size):
+        total = sum(size.get(n, 0) for n in points[i] if not is_combined(n))
         if total > best:
             best, at = total, i
     return max(best, 0), at
+
+
+def floor_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> int:
+    """A lower bound on the peak of every layout whose bytes are each at least ``size``'s: the
+    live sums' peak (:func:`live_peak_of`), the smaller of the two orders' where
+    :class:`LivePoints` have two (``size`` does not say which order a layout takes)."""
+    if not getattr(points, "two_orders", False):
+        return live_peak_of(points, size)[0]
+    return min(max((sum(size.get(n, 0) for n in points[i] if not is_combined(n)) for i in points.indices(order)),
+                   default=0) for order in (True, False))
+
+
+def indices_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> Sequence[int]:
+    """The points of the layout whose bytes are ``size`` (:meth:`LivePoints.order_of`)."""
+    if getattr(points, "two_orders", False):
+        return points.indices(points.order_of(size))
+    return range(len(points))

@@ -47,6 +47,7 @@ from ortools.sat.python import cp_model
 from autolayout.costmodel.overlap import domain_of_row, step_time
 from autolayout.search.liveness import (copy_operand, gathered_tensor, is_combined, is_copy, is_gathered, is_held,
                                        is_partial, is_result, is_transient, op_of)
+from autolayout.search.orders import enforce
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
 
@@ -147,6 +148,8 @@ class LayoutModel:
             self._time_objective()
         self.memory_rows: list[tuple[str, ...]] = []
         self.output_rows: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
+        self.guards: dict[tuple[str, ...], bool | None] = {}  # a row's order (liveness.LivePoints.guards)
+        self.reduced: Any = None  # the literal of search.orders.reduced_literal, made once
 
     # -- variables --------------------------------------------------------------------
     def onehot(self, dims: tuple[str, ...]) -> list:
@@ -394,16 +397,18 @@ class LayoutModel:
                     coefs.append(int(c))
         return vars_, coefs, const
 
-    def add_memory_row(self, names: tuple[str, ...], limit: int) -> bool:
-        """Add ``bytes live at names <= limit``; False if no layout can satisfy it."""
+    def add_memory_row(self, names: tuple[str, ...], limit: int, guard: bool | None = None) -> bool:
+        """Add ``bytes live at names <= limit``, for the layouts of one order only where ``guard``
+        is not None (``search.orders.enforce``); False if no layout can satisfy it."""
         vars_, coefs, const = self.memory_expr(names)
         self.memory_rows.append(names)
+        self.guards[names] = guard
         lowest = const + sum(min(c, 0) for c in coefs)
-        self.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) <= limit - const)
-        return lowest <= limit
+        enforce(self, self.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) <= limit - const), guard)
+        return lowest <= limit or guard is not None
 
     def add_output_row(self, names: tuple[str, ...], temps: tuple[str, ...], free: tuple[str, ...],
-                       limit: int) -> None:
+                       limit: int, guard: bool | None = None) -> None:
         """Add a linear relaxation of a point's bytes where the step's outputs are allocated for
         the whole call (``search.liveness.total_at``): its live bytes (``names``) plus the output
         allocations not yet written (``free``) less the bytes of the live temporaries (``temps``)
@@ -417,8 +422,10 @@ class LayoutModel:
         the most it can hold); it is weaker than the exact placement (several temporaries may share
         an allocation's bytes), so the solver still cuts off by itself a layout it admits that is
         over the limit. It cuts off the layouts whose temporaries are too large for the free
-        allocations at once, which the one-layout cuts took one at a time."""
+        allocations at once, which the one-layout cuts took one at a time. ``guard``: as
+        :meth:`add_memory_row`'s."""
         self.output_rows.append((names, temps, free))
+        self.guards[names] = guard
         m = self.model
 
         def groups(ns) -> list[tuple[int, list, list, int, int, int]]:
@@ -462,7 +469,8 @@ class LayoutModel:
             m.Add(sum(zs) <= expr(ov, oc, ok, no))
         vs, cs, const = self.memory_expr(names)
         allocations = sum(expr(ov, oc, ok, no) for no, ov, oc, ok, _, _ in og) if og else 0
-        m.Add(cp_model.LinearExpr.WeightedSum(vs, cs) + const + allocations - sum(moved) <= limit)
+        enforce(self, m.Add(cp_model.LinearExpr.WeightedSum(vs, cs) + const + allocations - sum(moved) <= limit),
+                guard)
 
     # -- decoding, hints -------------------------------------------------------------------
     def decode(self, value) -> Decoded:

@@ -63,7 +63,9 @@ from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
-from autolayout.search.liveness import held, live_peak_of, live_points, peak_of, total_at, transient
+from autolayout.search.liveness import (floor_of, held, indices_of, live_peak_of, live_points, peak_of, total_at,
+                                        transient)
+from autolayout.search.orders import enforce
 from autolayout.search.model import Decoded, LayoutModel, evaluate_time
 from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.warm import greedy, sizes_of
@@ -206,8 +208,7 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
     if int(k) != k or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     start = time.perf_counter()
-    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule,
-                         combines=tables.hw.combines_gradient_reductions) if math.isfinite(memory_limit) else []
+    points = _live_points(tables) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
     def peak(point: Decoded) -> tuple[int, int]:
@@ -232,9 +233,9 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
         pruned at ``upper`` units when given."""
         lm = bounded(LayoutModel(tables, wus))
         for names in prev.memory_rows:
-            lm.add_memory_row(names, limit)
+            lm.add_memory_row(names, limit, prev.guards[names])
         for names, temps, free in prev.output_rows:
-            lm.add_output_row(names, temps, free, limit)
+            lm.add_output_row(names, temps, free, limit, prev.guards[names])
         for sol in out:
             exclude(lm, sol.point, storage=distinct_storage)
         if upper is not None:
@@ -405,14 +406,15 @@ def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, lim
     (``LayoutModel.add_output_row``), which cuts off the layouts its neighbours share the
     excess with (``state["output_cuts"]`` counts the layouts cut off alone). False if the peak's
     row alone cannot be met (nothing fits)."""
-    ok = lm.add_memory_row(points[at], limit)
+    guards = getattr(points, "guards", None) or (None,) * len(points)  # the points' orders (search.orders)
+    ok = lm.add_memory_row(points[at], limit, guards[at])
     have = set(lm.memory_rows)
-    over = sorted(((sum(sizes.get(n, 0) for n in names), i) for i, names in enumerate(points)
-                   if names not in have), reverse=True)
+    over = sorted(((sum(sizes.get(n, 0) for n in points[i]), i) for i in indices_of(points, sizes)
+                   if points[i] not in have), reverse=True)
     for total, i in over[:EXTRA_ROWS]:
         if total <= limit:
             break
-        lm.add_memory_row(points[i], limit)
+        lm.add_memory_row(points[i], limit, guards[i])
     if live_peak_of(points, sizes)[0] <= limit:  # no live sum cuts it off: the output allocations do
         exclude(lm, point)
         if state is not None and getattr(points, "outputs", frozenset()):
@@ -420,8 +422,15 @@ def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, lim
         if getattr(points, "outputs", frozenset()) and total_at(points, sizes, at) > limit and not any(
                 r[0] == points[at] for r in lm.output_rows):  # the relaxation, once per point
             temps, free = points.split()[at]
-            lm.add_output_row(points[at], temps, free, limit)
+            lm.add_output_row(points[at], temps, free, limit, guards[at])
     return ok
+
+
+def _live_points(tables: Tables) -> list:
+    """The live points the search holds its layouts to: those of both orders where a layout's
+    order depends on whether it reduces a gradient (``search.orders``)."""
+    return live_points(tables.graph, early=tables.hw.breadth_first_schedule,
+                       combines=tables.hw.combines_gradient_reductions, unreduced=tables.unreduced)
 
 
 def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
@@ -453,7 +462,7 @@ def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
             saved[n] = saved.get(n, 0) + b
     for n, b in saved.items():
         least[n] = max(least.get(n, 0) + b, floor.get(n, 0))
-    return live_peak_of(points, least)[0]  # the live sums are monotone in every tensor's bytes
+    return floor_of(points, least)  # the live sums are monotone in every tensor's bytes
 
 
 def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
@@ -462,7 +471,7 @@ def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
     and held bytes at 0. Cheap enough to rule out a whole search (e.g. a remat policy whose
     saved activations alone exceed the memory of every device)."""
     size = {t.name: share_bytes(t, graph, mesh) for t in graph.tensors()}
-    return live_peak_of(points, size)[0]
+    return floor_of(points, size)
 
 
 def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: dict, left: float,
@@ -504,8 +513,7 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     limit came first: then it is the smallest found)."""
     start = time.perf_counter()
     lm = LayoutModel(tables, wus, time_objective=False)
-    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule,
-                         combines=tables.hw.combines_gradient_reductions)
+    points = _live_points(tables)
     peak_var = lm.model.NewIntVar(0, 2 ** 61, "peak")
     lm.model.Minimize(peak_var)
     best: tuple[int, Decoded] | None = None
@@ -515,9 +523,10 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     rows = set()
     for p in seeds:
         rows.add(peak_of(points, sizes_of(tables, wus, p))[1])
+    guards = getattr(points, "guards", None) or (None,) * len(points)  # the points' orders (search.orders)
     for r in rows:
         vars_, coefs, const = lm.memory_expr(points[r])
-        lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var)
+        enforce(lm, lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var), guards[r])
     while True:
         left = time_limit_s - (time.perf_counter() - start)
         solver = _solver(left, workers, seed)
@@ -539,7 +548,7 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
             continue
         rows.add(at)
         vars_, coefs, const = lm.memory_expr(points[at])
-        lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var)
+        enforce(lm, lm.model.Add(cp_model.LinearExpr.WeightedSum(vars_, coefs) + const <= peak_var), guards[at])
     if best is None:
         p = seeds[1]
         best = (peak_of(points, sizes_of(tables, wus, p))[0], p)

@@ -29,7 +29,8 @@ import numpy as np
 
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import phased_reductions, stored_itemsize
+from autolayout.costmodel.memory import stored_itemsize
+from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -85,8 +86,11 @@ class Tables:
         """``op_costs``: a dict to keep ``op_cost`` results in, by the op's cost signature and
         the orbit of its assignment; pass the same one to the tables of several remat policies
         of one step on one mesh and hardware to share them. ``graph`` is kept as ``hw``'s
-        memory model walks it (``costmodel.order.memory_order``, as ``predict`` prices it)."""
+        memory model walks it (``costmodel.order.memory_order``, as ``predict`` prices it), in the
+        order of a layout that reduces some gradient; ``unreduced`` in the other one's."""
         self.graph, self.mesh, self.hw = memory_order(graph, hw), mesh, hw
+        # the order of a layout that reduces no gradient (search.orders); self.graph where the same
+        self.unreduced = memory_order(graph, hw, gradients_reduced=False)
         self.combined_sizes: dict = {}  # search.warm.sizes_of's combined all-reduces, per assignment
         self.fast_mesh = _FastMesh(mesh.axes)
         self.space = Space(graph, mesh, regions=regions)
@@ -242,7 +246,7 @@ class Tables:
         return dims, hit
 
     def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-        """``(dims, partial, result)`` of a split reduction (``memory.split_reductions``), for
+        """``(dims, partial, result)`` of a split reduction (``phases.split_reductions``), for
         each assignment of the group of its dims, as ``predict`` counts them: the bytes of the
         partial sums its collective's phase holds (``OpCost.partial_bytes``: 0 where nothing is
         reduced) and those of its output in its contraction's phase (0 while it writes partial

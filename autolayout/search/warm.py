@@ -7,11 +7,13 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.combine import combined_all_reduces, held_pairs
+from autolayout.costmodel.gradients import gradient_reducers, gradients_reduced
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.costmodel.memory import phased_reductions
-from autolayout.search.liveness import combined, copy, gathered, held, partial, peak_of, result, total_at, transient
+from autolayout.costmodel.phases import phased_reductions
+from autolayout.search.liveness import (combined, copy, gathered, held, indices_of, partial, peak_of, result, total_at,
+                                        transient)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -46,21 +48,25 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
-    sizes.update(_combined_sizes(tables, point))
+    ops = [o for group in gradient_reducers(tables.graph).values() for o in group]
+    reduced = gradients_reduced(tables.graph, {o: sizes.get(held(o), 0) for o in ops},
+                                {o: sizes.get(partial(o), 0) for o in ops})
+    sizes.update(_combined_sizes(tables, point, tables.graph if reduced else tables.unreduced))
     return sizes
 
 
-def _combined_sizes(tables: Tables, point: Decoded) -> dict[str, int]:
+def _combined_sizes(tables: Tables, point: Decoded, graph) -> dict[str, int]:
     """The :func:`~autolayout.search.liveness.combined` names of ``point``'s layout: the held bytes
     of each member of a combined all-reduce at its last member
     (``costmodel.combine.combined_all_reduces`` of the layout's plan, as ``predict`` counts them;
-    storage options do not change which ops all-reduce over which axes). Cached per assignment."""
-    if not (tables.hw.combines_gradient_reductions and held_pairs(tables.graph)):
+    storage options do not change which ops all-reduce over which axes), in ``graph``, the order
+    of the layout (``Tables.unreduced`` where it reduces no gradient: ``search.orders``). Cached
+    per assignment and order."""
+    if not (tables.hw.combines_gradient_reductions and held_pairs(graph)):
         return {}
     cache = tables.combined_sizes
-    key = tuple(sorted(point.axes_of.items()))
+    key = (tuple(sorted(point.axes_of.items())), graph is tables.graph)
     if key not in cache:
-        graph = tables.graph
         p = plan(graph, tables.mesh, tables.space.layout_of(point.axes_of))
         out = {}
         for groups in combined_all_reduces(graph, p.ops, tables.hw).values():
@@ -189,7 +195,8 @@ def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limi
     def fits(pt: Decoded) -> bool:
         sizes = sizes_of(tables, wus, pt)
         # a layout over the limit is usually over it where another one was: those points first
-        if any(total_at(points, sizes, i) > limit for i in hot):
+        mine = set(indices_of(points, sizes))  # the points of the layout's order
+        if any(total_at(points, sizes, i) > limit for i in hot if i in mine):
             return False
         peak, at = peak_of(points, sizes)
         if peak > limit:

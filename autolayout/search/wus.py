@@ -37,7 +37,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
-from autolayout.costmodel.memory import phased_reductions, stored_itemsize
+from autolayout.costmodel.memory import stored_itemsize
+from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
