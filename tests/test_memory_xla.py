@@ -111,20 +111,20 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # relayout copy was held with its collective, not its contraction (memory.contraction_bytes): the
     # model's peak had been at the last gradient dot, its partial sums and their copy beside its inputs
     ("linen_bf16_mlp-donated", "batch:data;mlp:model|*:data@3"),
+    # before -> after a rename that moves nothing (both names on the same mesh axes) took no buffer and kept its
+    # operand's alive to its last reader, as XLA's bitcast does (costmodel/bitcasts.py): the attention's
+    # length -> length_1 (linen_gpt) and length -> kv_length (nnx_llama) renames, which the breadth-first order
+    # computes in the forward pass and held to the backward scan's dots
+    ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"),  # 1.168 -> 1.098
+    ("linen_gpt-donated", "batch:data;heads:model;mlp:model;vocab:model|*:data@2"),  # 1.188 -> 1.088
+    ("nnx_llama", "batch:data;heads:model;mlp:model"),  # 1.138 -> 1.044 (0.86 before whole-call outputs)
+    ("nnx_llama-donated", "batch:data;heads:model;mlp:model"),  # 1.131 -> 1.026
 ]
 
-RENAMES = (
-    "over-predicted: the attention's renames of the sequence dim (length -> length_1) of the tensors the key and "
-    "value projections read are instructions of the model's breadth-first order (costmodel/order.py), run as "
-    "soon as their operand is ready and held to their readers, three 8 KiB buffers at the backward scan's peak "
-    "({found}); in this layout they move nothing, and XLA makes each a bitcast of its operand (no buffer). "
-    "Where a layout splits length and length_1 apart a rename is a collective XLA runs that early: taken as "
-    "bitcasts, 3 more of 72 random layouts (seed 0) and 9 more of 144 (seed 1) were off")
-KV_RENAMES = (
-    "over-predicted: the key and value weight gradients read the attention norm's output renamed length -> "
-    "kv_length (rename_4, rename_7, 8 KiB each), which the breadth-first order computes in the forward pass and "
-    "holds to the backward scan's dots, live at the model's peak ({found}); in this layout they move nothing "
-    "and XLA makes each a bitcast of its operand (no buffer), as for RENAMES")
+AFTER_BITCASTS = (
+    "over-predicted. Its renames are bitcasts now (costmodel/bitcasts.py: {before} while the model gave them "
+    "buffers); at the model's peak, in the backward scan, it holds {model}, where XLA's holds {xla}: the rest "
+    "is not yet traced to XLA's schedule")
 OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
     ("moe-train", ""): (
         "1.124 (0.999 in the traced order; 1.155 before dy * 1, which XLA's AlgebraicSimplifier removes, took no "
@@ -132,20 +132,14 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "projections' backward dots with their inputs; XLA's optimized HLO rewrites the dispatch (its peak, "
         "position 33 of 48, holds relayout copies of w2 and of the expert activations instead): the rest of the "
         "gap is that restructuring"),
-    ("linen_gpt-donated", "batch:data;heads:model;mlp:model|*:data@3"): "1.197: " + RENAMES.format(found="24 of the 33 KiB over"),
-    ("linen_gpt-donated", "batch:data;heads:model;mlp:model;vocab:model|*:data@2"): "1.188: " + RENAMES.format(
-        found="as in the @3 row"),
-    ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"): "1.168: " + RENAMES.format(found="as in the donated row"),
-    ("equinox_block", "batch:data;heads:model;mlp:model|*:data@3"): "1.199 (1.153 before a reduction fused its "
-    "element-wise producers and the collectives became nodes of the order, DESIGN §11): " + RENAMES.format(
-        found="rename_4, rename_5, rename_7: 24 of the 27 KiB over"),
-    ("equinox_block-donated", "batch:data;heads:model;mlp:model|*:data@3"): "1.221 (1.169 before): " + RENAMES.format(
-        found="as in the non-donated row"),
-    # 0.86 -> 0.97 once outputs were allocated for the whole call (costmodel/outputs.py), 1.09 by main's
-    # rules before a reduction fused its element-wise producers and the collectives became nodes of the order
-    ("nnx_llama", "batch:data;heads:model;mlp:model"): "1.138: " + KV_RENAMES.format(found="16 of the 24 KiB over"),
-    ("nnx_llama-donated", "batch:data;heads:model;mlp:model"): "1.131 (1.067 before): " + KV_RENAMES.format(
-        found="as in the non-donated row"),
+    ("linen_gpt-donated", "batch:data;heads:model;mlp:model|*:data@3"): "1.102: " + AFTER_BITCASTS.format(
+        before="1.197", model="the 16 KiB loop stack and eight 8 KiB buffers (among them the attention norm's "
+        "output kept for its renames and a dot operand copy)", xla="the stack and six"),
+    ("equinox_block", "batch:data;heads:model;mlp:model|*:data@3"): "1.108: " + AFTER_BITCASTS.format(
+        before="1.199", model="twelve 8 KiB buffers (among them the norm's output kept for its renames and the down "
+        "projection's partial sums beside its result)", xla="nine"),
+    ("equinox_block-donated", "batch:data;heads:model;mlp:model|*:data@3"): "1.119: " + AFTER_BITCASTS.format(
+        before="1.221", model="as in the non-donated row", xla="as there"),
 }
 
 

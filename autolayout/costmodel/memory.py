@@ -88,6 +88,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from autolayout.core import Mesh
+from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
@@ -252,7 +253,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 copies: Mapping[str, tuple[int, ...]] | None = None,
                 gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
                 groups: Mapping[str | None, tuple] | None = None,
-                partials: Mapping[str, int] | None = None, combines: bool = False) -> tuple[int, dict]:
+                partials: Mapping[str, int] | None = None, combines: bool = False,
+                kept: Mapping[str, int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -275,11 +277,13 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     (``Hardware.combines_gradient_reductions``): an op of ``gradients.deferred_reductions`` counts
     the contraction's phase alone, and the combined reduction counts where it runs, right after
     a unit (``gradients.combined_point``: that unit's last reads and the conversions and copies
-    freed there gone, ``gradients.gradient_bytes`` held)."""
+    freed there gone, ``gradients.gradient_bytes`` held). ``kept[tensor]``: the bytes of a renamed
+    tensor whose renames are bitcasts (``costmodel.bitcasts``), live past its own last reader to
+    theirs (``bitcasts.kept_spans``, counted as ``activations``)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    spans = _spans(graph, copies or {}, gathered or {}, early)
+    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {})
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
     units, alloc, free = lifetimes(graph)
@@ -350,7 +354,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
     for what, b in here:
-        breakdown["activations" if what == "copy" else "transient"] += b
+        breakdown["activations" if what in ("copy", "kept") else "transient"] += b
     breakdown["transient"] = transient
     return max(best, 0), breakdown
 
@@ -478,7 +482,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         breakdown[category[n]] += size[n]
     for what, b in extras:
         breakdown[category[what.removeprefix("result:")] if what.startswith("result:") else "activations"
-                  if what == "copy" else "transient"] += b
+                  if what in ("copy", "kept") else "transient"] += b
     # each output allocation not yet written counts what the temporaries it holds leave of it
     left = [size[o] for o in free_outs]
     for b, k in zip(buffers, output_placement(buffers, left)):
@@ -497,7 +501,7 @@ def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
 
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
-           early: bool) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           early: bool, kept: Mapping[str, int]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
@@ -507,6 +511,10 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
             b = gathered.get(prov, {}).get(t, 0)
             if b:
                 out.setdefault(loop, []).append((start, stop, b, "gathered"))
+    for loop, group in kept_spans(graph).items() if kept else ():
+        for src, _, start, stop in group:
+            if kept.get(src, 0):
+                out.setdefault(loop, []).append((start, stop, kept[src], "kept"))
     return out
 
 

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
+from autolayout.costmodel.bitcasts import is_bitcast, is_rename, kept_spans
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import peak_memory, stored_bytes
@@ -129,6 +130,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     partials: dict[str, int] = {}  # the reductions' part of temps (phases.split_reductions)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
+    renamed: dict[str, int] = {}  # renames: their collectives (bitcasts.is_bitcast)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
     terms: dict[str, float] = {}  # overlap.split's terms, summed per key
@@ -147,6 +149,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             copies[op.name] = oc.operand_copy_bytes
         if any(oc.span_bytes):
             gathered[op.name] = {t: b for t, b in zip(op.inputs, oc.span_bytes) if b}
+        if is_rename(op):
+            renamed[op.name] = len(oc.collectives)
         lin, parts = split(oc, op, overlap)
         linear += lin * n
         for key, v in parts.items():
@@ -168,10 +172,15 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
     if not gradients_reduced(graph, held, partials):  # no combined gradient reduction to wait for
         walk = memory_order(graph, hw, gradients_reduced=False)
-    mem_total, breakdown = peak_memory(walk, stored_bytes(graph, p.local_bytes, hw), temps, held, copies,
+    size = stored_bytes(graph, p.local_bytes, hw)
+    bitcast = {n for n in renamed if is_bitcast(graph.op(n), graph.op(graph.op(n).inputs[0]), renamed[n],
+                                                size[graph.op(n).inputs[0]], size[n])}
+    kept = {src: size[src] for group in kept_spans(walk).values() for src, rs, _, _ in group if rs[0] in bitcast}
+    size.update({n: 0 for n in bitcast})  # a bitcast shares its operand's buffer (costmodel/bitcasts.py)
+    mem_total, breakdown = peak_memory(walk, size, temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
-                                     combines=hw.combines_gradient_reductions)
+                                     combines=hw.combines_gradient_reductions, kept=kept)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

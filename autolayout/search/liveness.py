@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.gradients import (combined_point, combined_reductions, deferred_reductions, gradient_reducers,
                                             gradients_reduced)
@@ -78,7 +79,7 @@ from autolayout.graph import Graph, Loop
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "transient",
            "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
-           "is_combined"]
+           "is_combined", "kept", "is_kept", "kept_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -87,6 +88,7 @@ _GATHERED = "\x00gathered:"
 _COMBINED = "\x00combined:"
 _PARTIAL = "\x00partial:"
 _RESULT = "\x00result:"
+_KEPT = "\x00kept:"
 
 
 def transient(op: str) -> str:
@@ -162,6 +164,23 @@ def is_gathered(name: str) -> bool:
 def gathered_tensor(name: str) -> str:
     """The tensor of a :func:`gathered` name."""
     return name[len(_GATHERED):].split("\x00", 1)[1]
+
+
+def kept(src: str, rename: str) -> str:
+    """The name under which a live set lists ``src``'s buffer kept alive for its renames past its
+    own last reader, where the layout makes them bitcasts (``costmodel.bitcasts.kept_spans``;
+    ``rename``: the first of them, whose layout decides)."""
+    return f"{_KEPT}{src}\x00{rename}"
+
+
+def is_kept(name: str) -> bool:
+    return name.startswith(_KEPT)
+
+
+def kept_of(name: str) -> tuple[str, str]:
+    """``(src, rename)`` of a :func:`kept` name."""
+    src, rename = name[len(_KEPT):].split("\x00", 1)
+    return src, rename
 
 
 def combined(member: str, last: str) -> str:
@@ -266,6 +285,7 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     points_after = combined_point(graph) if combines else {}
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
+    renamed = kept_spans(graph)
     split = split_reductions(graph)
     moved = collective_points(graph)
     late: dict[tuple[str | None, int], list[tuple[str, tuple[str, ...]]]] = {}  # collectives run after a later unit
@@ -290,6 +310,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     def copies_at(loop: str | None, i: int, ending: bool = True) -> tuple[str, ...]:
         return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop and (ending or stop > i))
                 + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ())
+                        if start <= i <= stop and (ending or stop > i))
+                + tuple(kept(src, rs[0]) for src, rs, start, stop in renamed.get(loop, ())
                         if start <= i <= stop and (ending or stop > i)))
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks

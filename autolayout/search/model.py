@@ -46,7 +46,7 @@ from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
 from autolayout.search.liveness import (copy_operand, gathered_tensor, is_combined, is_copy, is_gathered, is_held,
-                                       is_partial, is_result, is_transient, op_of)
+                                       is_kept, is_partial, is_result, is_transient, kept_of, op_of)
 from autolayout.search.orders import enforce
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
@@ -360,11 +360,12 @@ class LayoutModel:
                 dims, vec = tables.copy_bytes(graph.op(op_of(n)), copy_operand(n))
             elif is_gathered(n):  # a conversion later readers share, live from its op to the last
                 dims, vec = tables.gathered_bytes(graph.op(op_of(n)), gathered_tensor(n))
+            elif is_kept(n):  # an operand kept alive by renames that are bitcasts
+                dims, vec = tables.kept_bytes(*kept_of(n))
             elif is_combined(n):  # held for a combined all-reduce: layout-dependent, 0 in the rows
                 continue
             else:
-                t = graph.tensor(n)
-                dims, vec = tables.tensor_dims(t), tables.tensor_bytes(t)
+                dims, vec = tables.stored_bytes(graph.tensor(n))
             if len(vec) == 1:
                 const += int(vec[0])
             elif dims in per_group:

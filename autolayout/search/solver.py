@@ -61,6 +61,7 @@ from ortools.sat.python import cp_model
 
 from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
+from autolayout.costmodel.bitcasts import is_rename
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
 from autolayout.search.liveness import (floor_of, held, indices_of, live_peak_of, live_points, peak_of, total_at,
@@ -447,7 +448,7 @@ def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:
     least: dict[str, int] = {}
     floor: dict[str, int] = {}
     for t in graph.tensors():
-        least[t.name] = int(tables.tensor_bytes(t).min())
+        least[t.name] = int(tables.stored_bytes(t)[1].min())
         floor[t.name] = share_bytes(t, graph, tables.mesh)
         if graph.op(t.name).kind not in SOURCES:
             least[transient(t.name)] = int(tables.transient_bytes(graph.op(t.name))[1].min())
@@ -469,8 +470,9 @@ def share_floor(graph: Graph, mesh: Mesh, points: list) -> int:
     """A lower bound on the peak memory of every layout of ``graph`` on ``mesh`` that needs no
     cost tables: each live tensor at its share of the devices (``share_bytes``), transient
     and held bytes at 0. Cheap enough to rule out a whole search (e.g. a remat policy whose
-    saved activations alone exceed the memory of every device)."""
-    size = {t.name: share_bytes(t, graph, mesh) for t in graph.tensors()}
+    saved activations alone exceed the memory of every device). A rename counts 0: a layout can
+    make it a bitcast of its operand (``costmodel.bitcasts``)."""
+    size = {t.name: 0 if is_rename(graph.op(t.name)) else share_bytes(t, graph, mesh) for t in graph.tensors()}
     return floor_of(points, size)
 
 

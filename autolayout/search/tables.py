@@ -31,6 +31,7 @@ from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
+from autolayout.costmodel.bitcasts import is_bitcast, is_rename
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -112,6 +113,7 @@ class Tables:
         self._transient: dict[str, np.ndarray] = {}
         self._phases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
+        self._bitcasts: dict[str, np.ndarray] = {}
         self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
@@ -290,6 +292,46 @@ class Tables:
             k = op.inputs.index(tensor)
             hit = self._gathered[(op.name, tensor)] = np.array(
                 [(self.op_cost(op, dims, a).span_bytes or (0,) * (k + 1))[k] for a in g.assignments], dtype=np.int64)
+        return dims, hit
+
+    def stored_bytes(self, t: Tensor) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes ``t`` takes of its own, as ``predict`` counts them: its
+        :meth:`tensor_bytes`, except a rename's, which takes none where the layout makes it a
+        bitcast of its operand (``costmodel.bitcasts.is_bitcast``; then over the dims of the
+        rename, for each assignment of their group)."""
+        op = self.graph.op(t.name)
+        if not (is_rename(op) and op.materialised):
+            return self.tensor_dims(t), self.tensor_bytes(t)
+        dims, cast = self._bitcast(op)
+        g = self.group(dims)
+        own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
+        return dims, np.where(cast, 0, own)
+
+    def kept_bytes(self, src: str, rename: str) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes of ``src`` kept alive for its renames past its own last
+        reader (``costmodel.bitcasts.kept_spans``): its :meth:`tensor_bytes` where the layout
+        makes ``rename`` (the first of them) a bitcast, else 0, for each assignment of the group
+        of the rename's dims."""
+        dims, cast = self._bitcast(self.graph.op(rename))
+        g = self.group(dims)
+        t = self.graph.tensor(src)
+        own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
+        return dims, np.where(cast, own, 0)
+
+    def _bitcast(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bitcast)``: whether rename ``op`` is a bitcast (``bitcasts.is_bitcast``) for
+        each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._bitcasts.get(op.name)
+        if hit is None:
+            g = self.group(dims)
+            src, out = self.graph.tensor(op.inputs[0]), self.graph.tensor(op.name)
+            sd, od = self.tensor_dims(src), self.tensor_dims(out)
+            sb, ob = self.tensor_bytes(src), self.tensor_bytes(out)
+            hit = self._bitcasts[op.name] = np.array(
+                [is_bitcast(op, self.graph.op(op.inputs[0]), len(self.op_cost(op, dims, a).collectives),
+                            int(sb[self.restrict(g.axes_of(i), sd)]), int(ob[self.restrict(g.axes_of(i), od)]))
+                 for i, a in enumerate(g.assignments)], dtype=bool)
         return dims, hit
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.gradients import gradient_reducers, gradients_reduced
+from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.phases import phased_reductions
-from autolayout.search.liveness import (combined, copy, gathered, held, indices_of, partial, peak_of, result, total_at,
-                                        transient)
+from autolayout.search.liveness import (combined, copy, gathered, held, indices_of, kept, partial, peak_of, result,
+                                        total_at, transient)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -26,8 +27,8 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     """Local bytes of every tensor under ``point`` (with the WUS shrink), as ``predict`` counts them."""
     sizes = {}
     for t in tables.graph.tensors():
-        dims = tables.tensor_dims(t)
-        sizes[t.name] = int(tables.tensor_bytes(t)[tables.restrict(point.axes_of, dims)])
+        dims, vec = tables.stored_bytes(t)
+        sizes[t.name] = int(vec[tables.restrict(point.axes_of, dims)])
         if tables.graph.op(t.name).kind not in SOURCES:  # bytes the op holds while it runs
             dims, vec = tables.transient_bytes(tables.graph.op(t.name))
             sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
@@ -45,6 +46,11 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         for n, t, _, _ in spans:
             dims, vec = tables.gathered_bytes(tables.graph.op(n), t)
             sizes[gathered(n, t)] = int(vec[tables.restrict(point.axes_of, dims)])
+    for graph in (tables.graph, tables.unreduced):  # operands kept alive by renames that are bitcasts
+        for spans in kept_spans(graph).values():
+            for src, rs, _, _ in spans:
+                dims, vec = tables.kept_bytes(src, rs[0])
+                sizes[kept(src, rs[0])] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
