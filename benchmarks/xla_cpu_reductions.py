@@ -83,14 +83,15 @@ def cases() -> dict:
     }
 
 
-def xla_buffers(text: str) -> list[str]:
-    """The instructions of ``LARGE`` shape in the entry computation of optimized HLO ``text``
-    (a compiled program's ``as_text()``) that take a buffer (not parameters, bitcasts, tuples)."""
+def xla_buffers(text: str, shape: str = LARGE) -> list[str]:
+    """The instructions of ``shape`` (``LARGE`` unless given) in the entry computation of
+    optimized HLO ``text`` (a compiled program's ``as_text()``) that take a buffer (not
+    parameters, bitcasts, tuples)."""
     entry = text[text.index("\nENTRY"):]
     out = []
     for line in entry.splitlines()[1:]:
         m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(", line)
-        if m and m.group(2) == LARGE and m.group(3) not in ("parameter", "bitcast", "tuple", "get-tuple-element"):
+        if m and m.group(2) == shape and m.group(3) not in ("parameter", "bitcast", "tuple", "get-tuple-element"):
             out.append(m.group(1))
     return out
 

@@ -119,6 +119,11 @@ WITHIN = [  # (model id in bench.CASES, layout)
     ("linen_gpt-donated", "batch:data;heads:model;mlp:model;vocab:model|*:data@2"),  # 1.188 -> 1.088
     ("nnx_llama", "batch:data;heads:model;mlp:model"),  # 1.138 -> 1.044 (0.86 before whole-call outputs)
     ("nnx_llama-donated", "batch:data;heads:model;mlp:model"),  # 1.131 -> 1.026
+    # before -> after the broadcasts XLA:CPU writes where a YNNPACK reduction (at least 4096 elements on a
+    # device) reads a norm's scale or rsqrt broadcast (costmodel/broadcasts.py; drawn at random by
+    # benchmarks/memory_vs_xla.py --random 4 --seed 0)
+    ("linen_gpt", "vocab:model;mlp:model;length_1:model|*:model@3"),  # 0.892 -> 1.031
+    ("linen_gpt-donated", "vocab:data,model;mlp:data,model;heads:model"),  # 0.886 -> 1.094
 ]
 
 AFTER_BITCASTS = (

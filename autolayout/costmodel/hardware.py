@@ -220,6 +220,10 @@ class Hardware:
             memory model walks that order (:func:`~autolayout.costmodel.order.memory_order`);
             a scan body's weight gathers start at the body's start on every backend; see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_SCHEDULE`.
+        ynn_reductions: whether a reduction with at least 4096 elements on a device runs as a
+            YNNPACK fusion that reads a broadcast of a value from memory
+            (:mod:`~autolayout.costmodel.broadcasts`; XLA:CPU); see
+            :data:`~autolayout.costmodel.profiles.SRC_CPU_YNN`.
 
     >>> from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware
     >>> hw = get_hardware("tpu-v5p")
@@ -249,6 +253,7 @@ class Hardware:
     reduce_scatter_copies: bool = False  # SRC_CPU_GRADIENT_REDUCTIONS: measured on XLA:CPU
     upcasts_half_dots: bool = False  # SRC_CPU_HALF_DOTS: XLA:CPU; accelerators run half dots natively
     breadth_first_schedule: bool = False  # SRC_CPU_SCHEDULE: XLA:CPU; accelerators hide latency instead
+    ynn_reductions: bool = False  # SRC_CPU_YNN: XLA:CPU; accelerators fuse a broadcast into its readers
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -347,6 +352,7 @@ class Hardware:
             "reduce_scatter_copies": self.reduce_scatter_copies,
             "upcasts_half_dots": self.upcasts_half_dots,
             "breadth_first_schedule": self.breadth_first_schedule,
+            "ynn_reductions": self.ynn_reductions,
         }
 
     @classmethod

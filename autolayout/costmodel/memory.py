@@ -89,6 +89,7 @@ from typing import Mapping
 
 from autolayout.core import Mesh
 from autolayout.costmodel.bitcasts import kept_spans
+from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
@@ -254,7 +255,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
                 groups: Mapping[str | None, tuple] | None = None,
                 partials: Mapping[str, int] | None = None, combines: bool = False,
-                kept: Mapping[str, int] | None = None) -> tuple[int, dict]:
+                kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None
+                ) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -279,11 +281,13 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     a unit (``gradients.combined_point``: that unit's last reads and the conversions and copies
     freed there gone, ``gradients.gradient_bytes`` held). ``kept[tensor]``: the bytes of a renamed
     tensor whose renames are bitcasts (``costmodel.bitcasts``), live past its own last reader to
-    theirs (``bitcasts.kept_spans``, counted as ``activations``)."""
+    theirs (``bitcasts.kept_spans``, counted as ``activations``). ``broadcasts[value, reader]``: the
+    bytes of the broadcast of a value XLA writes to memory (``broadcasts.broadcast_spans``, as
+    ``activations``)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {})
+    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {})
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
     units, alloc, free = lifetimes(graph)
@@ -354,7 +358,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
     for what, b in here:
-        breakdown["activations" if what in ("copy", "kept") else "transient"] += b
+        breakdown["activations" if what in ("copy", "kept", "broadcast") else "transient"] += b
     breakdown["transient"] = transient
     return max(best, 0), breakdown
 
@@ -482,7 +486,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         breakdown[category[n]] += size[n]
     for what, b in extras:
         breakdown[category[what.removeprefix("result:")] if what.startswith("result:") else "activations"
-                  if what in ("copy", "kept") else "transient"] += b
+                  if what in ("copy", "kept", "broadcast") else "transient"] += b
     # each output allocation not yet written counts what the temporaries it holds leave of it
     left = [size[o] for o in free_outs]
     for b, k in zip(buffers, output_placement(buffers, left)):
@@ -501,7 +505,8 @@ def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
 
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
-           early: bool, kept: Mapping[str, int]) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int]
+           ) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
@@ -515,6 +520,10 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
         for src, _, start, stop in group:
             if kept.get(src, 0):
                 out.setdefault(loop, []).append((start, stop, kept[src], "kept"))
+    for loop, group in broadcast_spans(graph).items() if broadcasts else ():
+        for value, reader, start, stop in group:
+            if broadcasts.get((value, reader), 0):
+                out.setdefault(loop, []).append((start, stop, broadcasts[value, reader], "broadcast"))
     return out
 
 

@@ -267,6 +267,13 @@ SRC_CPU_SCHEDULE = (
     "xla/service/gpu/gpu_hlo_schedule.cc), which starts an asynchronous collective a bounded distance ahead of "
     "its use, not at the step's start; inside a scan body a layer's gathers start at the body's start there too "
     "(the layer's weights are gathered before its first matmul).")
+SRC_CPU_YNN = (
+    "XLA:CPU runs an instruction with at least 4096 elements (or an operand that has them) as a YNNPACK "
+    "fusion where it can (openxla/xla xla/backends/cpu/ynn_support.cc: IsInstructionPreferredByYnn, "
+    "kMinElements = 4096); a reduction's YNN fusion reads the broadcast of a value from memory, which XLA "
+    "writes at the broadcast's shape (measured: tests/test_broadcasts.py, the wrapped_broadcast of a norm's "
+    "rsqrt at 8x16x32 elements and none at 4x16x32; linen_gpt's layer norm backward in "
+    "benchmarks/memory_vs_xla.py); XLA:TPU and XLA:GPU fuse the broadcast into its readers.")
 SRC_CPU_GRADIENT_REDUCTIONS = (
     "XLA:CPU combines every all-reduce that does not depend on another into one, with no byte threshold "
     "(openxla/xla xla/service/cpu/cpu_compiler.cc: CpuAllReduceCombiner(kCombineBytes = "
@@ -354,6 +361,7 @@ CPU = Hardware(
     reduce_scatter_copies=True,  # SRC_CPU_GRADIENT_REDUCTIONS
     upcasts_half_dots=True,  # SRC_CPU_HALF_DOTS
     breadth_first_schedule=True,  # SRC_CPU_SCHEDULE
+    ynn_reductions=True,  # SRC_CPU_YNN
     # XLA:CPU copies a dot's operands into [batch, M, K] order (costmodel/dotcopy.py), as calibrate sets
     dot_operand_copies=True,
     description=(

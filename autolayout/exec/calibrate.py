@@ -439,6 +439,8 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         upcasts_half_dots=platform == "cpu",
         # XLA:CPU schedules breadth first (profiles.SRC_CPU_SCHEDULE)
         breadth_first_schedule=platform == "cpu",
+        # XLA:CPU's YNNPACK reductions read broadcasts from memory (profiles.SRC_CPU_YNN)
+        ynn_reductions=platform == "cpu",
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),

@@ -64,6 +64,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autolayout.costmodel.bitcasts import kept_spans
+from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.gradients import (combined_point, combined_reductions, deferred_reductions, gradient_reducers,
                                             gradients_reduced)
@@ -79,7 +80,7 @@ from autolayout.graph import Graph, Loop
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "transient",
            "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
-           "is_combined", "kept", "is_kept", "kept_of"]
+           "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -89,6 +90,7 @@ _COMBINED = "\x00combined:"
 _PARTIAL = "\x00partial:"
 _RESULT = "\x00result:"
 _KEPT = "\x00kept:"
+_BROADCAST = "\x00broadcast:"
 
 
 def transient(op: str) -> str:
@@ -166,6 +168,12 @@ def gathered_tensor(name: str) -> str:
     return name[len(_GATHERED):].split("\x00", 1)[1]
 
 
+def _parts(prefix: str, name: str) -> tuple[str, str]:
+    """The two names a name of ``prefix`` (:func:`kept`, :func:`broadcast`) was made of."""
+    first, second = name[len(prefix):].split("\x00", 1)
+    return first, second
+
+
 def kept(src: str, rename: str) -> str:
     """The name under which a live set lists ``src``'s buffer kept alive for its renames past its
     own last reader, where the layout makes them bitcasts (``costmodel.bitcasts.kept_spans``;
@@ -179,8 +187,22 @@ def is_kept(name: str) -> bool:
 
 def kept_of(name: str) -> tuple[str, str]:
     """``(src, rename)`` of a :func:`kept` name."""
-    src, rename = name[len(_KEPT):].split("\x00", 1)
-    return src, rename
+    return _parts(_KEPT, name)
+
+
+def broadcast(value: str, reader: str) -> str:
+    """The name under which a live set lists the broadcast of ``value`` XLA writes to memory, at
+    the shape of its element-wise ``reader`` (``costmodel.broadcasts.broadcast_spans``)."""
+    return f"{_BROADCAST}{value}\x00{reader}"
+
+
+def is_broadcast(name: str) -> bool:
+    return name.startswith(_BROADCAST)
+
+
+def broadcast_of(name: str) -> tuple[str, str]:
+    """``(value, reader)`` of a :func:`broadcast` name."""
+    return _parts(_BROADCAST, name)
 
 
 def combined(member: str, last: str) -> str:
@@ -286,6 +308,7 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     spans = copy_spans(graph)
     shared = shared_spans(graph, early)
     renamed = kept_spans(graph)
+    broadcasts = broadcast_spans(graph)
     split = split_reductions(graph)
     moved = collective_points(graph)
     late: dict[tuple[str | None, int], list[tuple[str, tuple[str, ...]]]] = {}  # collectives run after a later unit
@@ -312,6 +335,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
                 + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ())
                         if start <= i <= stop and (ending or stop > i))
                 + tuple(kept(src, rs[0]) for src, rs, start, stop in renamed.get(loop, ())
+                        if start <= i <= stop and (ending or stop > i))
+                + tuple(broadcast(v, r) for v, r, start, stop in broadcasts.get(loop, ())
                         if start <= i <= stop and (ending or stop > i)))
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks

@@ -32,6 +32,7 @@ from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.bitcasts import is_bitcast, is_rename
+from autolayout.costmodel.broadcasts import broadcast_bytes
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -317,6 +318,25 @@ class Tables:
         t = self.graph.tensor(src)
         own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
         return dims, np.where(cast, own, 0)
+
+    def broadcast_bytes(self, reader: str) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes of a broadcast XLA writes at the shape of its element-wise
+        ``reader`` (``costmodel.broadcasts``): the reader's tensor as if it were stored, for each
+        assignment of its group."""
+        t = self.graph.tensor(reader)
+        dims = self.tensor_dims(t)
+        key = ("broadcast", reader)
+        hit = self._tensor_bytes.get(key)
+        if hit is None:
+            g = self.group(dims)
+            itemsize = stored_itemsize(self.graph, reader, self.hw)
+            base = self.space.base
+            hit = self._tensor_bytes[key] = np.array(
+                [broadcast_bytes(Placement.of(t.dim_names, {base[d]: ax for d, ax in g.axes_of(i).items()})
+                                 .local_elements(self.graph.dims, self.fast_mesh), itemsize,
+                                 self.hw.ynn_reductions)
+                 for i in range(len(g.assignments))], dtype=np.int64)
+        return dims, hit
 
     def _bitcast(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bitcast)``: whether rename ``op`` is a bitcast (``bitcasts.is_bitcast``) for
