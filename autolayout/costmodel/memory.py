@@ -57,7 +57,8 @@ a value computed in the step (:func:`~autolayout.costmodel.copies.copy_spans`), 
 A contraction (or reduction) whose output is partial runs as two instructions, the dot writing
 the partial sums while its inputs are live, then the collective writing the reduced result, and
 buffer assignment frees an input the dot read for the last time before that result is allocated:
-an op of :func:`~autolayout.costmodel.phases.split_reductions` counts the larger of ``inputs + partial sums`` and ``partial sums
+an op of :func:`~autolayout.costmodel.phases.split_reductions` counts the larger of
+``inputs + partial sums`` and ``partial sums
 + result`` (``tests/test_memory_phases.py``: XLA:CPU's temp heap of ``psum(tanh(x) @ w)``),
 the collective's phase where the order runs it: at the op, or right after a later unit
 (:mod:`~autolayout.costmodel.phases`, ``phases.collective_points``). A
@@ -142,7 +143,8 @@ def contraction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     runs: the inputs the plan converts for it and the partial sums it writes, not the relayout
     copy a reduce-scatter reads (an instruction of its own after the dot, run with the collective:
     XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
-    An op of :func:`~autolayout.costmodel.phases.split_reductions` or ``gradients.deferred_reductions`` counts this in its
+    An op of :func:`~autolayout.costmodel.phases.split_reductions` or
+    ``gradients.deferred_reductions`` counts this in its
     contraction's phase and the copy with its collective (:func:`partial_bytes`)."""
     return int(p.temp_bytes + _partial_bytes(p, op, mesh, hardware))
 
@@ -271,7 +273,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
     ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the bytes its reduction
-    holds (:func:`partial_bytes`); an op of :func:`~autolayout.costmodel.phases.split_reductions` with some (whose ``temps`` are
+    holds (:func:`partial_bytes`); an op of
+    :func:`~autolayout.costmodel.phases.split_reductions` with some (whose ``temps`` are
     its contraction's, :func:`contraction_bytes`, as for ``gradients.deferred_reductions``'s)
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and

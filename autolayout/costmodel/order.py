@@ -93,7 +93,7 @@ def memory_order(graph: Graph, hardware: Hardware, *, gradients_reduced: bool = 
     gradients' combined all-reduce one where ``hardware.combines_gradient_reductions`` and the
     layout reduces some gradient (``gradients_reduced``: ``predict`` tells from the plan; the
     search holds the order of each case and a literal choosing between them,
-    ``search.model.LayoutModel.gradients_reduced``). ``predict`` (``price_plan``) and the search
+    ``search.orders.reduced_literal``). ``predict`` (``price_plan``) and the search
     (``search.tables.Tables``) both call this (one rule)."""
     if not hardware.breadth_first_schedule:
         return graph

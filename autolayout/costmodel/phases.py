@@ -46,7 +46,8 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
     instruction to its last use). So the op holds ``inputs + partial sums`` and then
     ``partial sums + result``, never the three together. Listed: the reducing ops
     (``storage.REDUCING``'s einsums and reductions) whose output takes memory of its own and is
-    not on a parameter's gradient path (:func:`~autolayout.costmodel.gradients.combined_reductions`: those keep their partial sums
+    not on a parameter's gradient path
+    (:func:`~autolayout.costmodel.gradients.combined_reductions`: those keep their partial sums
     for the combined reduction where the backend has one, and their bytes change with the
     parameter's storage options) nor written over a donated argument. A step's output too: its
     whole-call allocation, written by the collective, can hold a temporary until then
