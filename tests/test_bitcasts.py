@@ -13,7 +13,8 @@ from autolayout.costmodel.predict import predict
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.rules import price
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_kept, live_points, peak_of
+from autolayout.search.liveness import is_kept, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
 from autolayout.search.wus import wus_options
@@ -65,7 +66,7 @@ def test_search_points_reproduce_predict_where_renames_are_bitcasts():
     g = _lm()
     tables = Tables(g, MESH, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=True, combines=True, unreduced=tables.unreduced)
+    points = search_points(tables)
     assert any(kept_spans(tables.graph).values()) and any(is_kept(n) for p in points for n in p)
     seen = set()
     layouts = list(enumerate_layouts(g, MESH))

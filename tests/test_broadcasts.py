@@ -18,7 +18,8 @@ from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.predict import predict
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_broadcast, live_points, peak_of
+from autolayout.search.liveness import is_broadcast, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
 from autolayout.search.wus import wus_options
@@ -71,7 +72,7 @@ def test_search_points_reproduce_predict_with_broadcasts():
     mesh = Mesh.parse("rows:2,cols:4")
     tables = Tables(graph, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=True, combines=True, unreduced=tables.unreduced)
+    points = search_points(tables)
     assert any(is_broadcast(n) for p in points for n in p)
     seen = set()
     for lay in list(enumerate_layouts(graph, mesh)) + [Layout.coerce("")]:

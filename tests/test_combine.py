@@ -21,7 +21,8 @@ from autolayout.costmodel.placement import ALL_REDUCE
 from autolayout.costmodel.plan import plan
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_combined, live_points, peak_of
+from autolayout.search.liveness import is_combined, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
 from autolayout.search.wus import wus_options
@@ -95,7 +96,7 @@ def test_search_live_sets_reproduce_predict_memory_with_combined_all_reduces():
     g, mesh = _lm_forward(), Mesh.parse(MESH)
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, unreduced=tables.unreduced, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = search_points(tables)
     assert points.combined
     layouts = list(enumerate_layouts(g, mesh))
     held = 0

@@ -19,7 +19,8 @@ from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import get_hardware, known_hardware
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import live_points, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
@@ -84,7 +85,7 @@ def test_search_live_sets_reproduce_predict_memory_of_a_bf16_step_on_cpu(mesh):
     assert any(stored_itemsize(g, t.name, CPU) != t.itemsize for t in g.tensors())
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, unreduced=tables.unreduced, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = search_points(tables)
     layouts = list(enumerate_layouts(g, mesh))
     checked = 0
     for lay in layouts[:: max(1, len(layouts) // 8)]:

@@ -21,7 +21,8 @@ from autolayout.costmodel.gradients import combined_reductions
 from autolayout.costmodel.phases import split_reductions
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import live_points, partial, peak_of
+from autolayout.search.liveness import partial, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
 from autolayout.search.wus import wus_options
@@ -187,7 +188,7 @@ def test_search_live_sets_reproduce_predict_with_split_reductions(name, mesh, hw
     assert split_reductions(g)
     tables = Tables(g, mesh, hw)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, unreduced=tables.unreduced, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
+    points = search_points(tables)
     layouts = list(enumerate_layouts(g, mesh))
     split = 0
     for lay in random.Random(0).sample(layouts, min(8, len(layouts))):

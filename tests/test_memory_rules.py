@@ -31,7 +31,8 @@ from autolayout.costmodel.copies import copy_spans, copy_transient_bytes
 from autolayout.costmodel.lifetimes import lifetimes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_copy, is_gathered, is_held, live_points, peak_of
+from autolayout.search.liveness import is_copy, is_gathered, is_held, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
@@ -317,7 +318,7 @@ def test_search_live_sets_reproduce_predict_memory_on_cpu(name, mesh):
     g, mesh = _graph(name), Mesh.parse(mesh)
     tables = Tables(g, mesh, CPU)
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, unreduced=tables.unreduced, early=CPU.breadth_first_schedule, combines=CPU.combines_gradient_reductions)
+    points = search_points(tables)
     assert any(is_held(n) for p in points for n in p)
     layouts = list(enumerate_layouts(g, mesh))
     checked = changed = copied = gathered = 0

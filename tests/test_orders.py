@@ -15,7 +15,8 @@ from autolayout.costmodel.predict import predict
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.rules import price
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import LivePoints, live_points, peak_of
+from autolayout.search.liveness import LivePoints, peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
 from autolayout.search.wus import wus_options
@@ -74,7 +75,7 @@ def test_search_points_reproduce_predict_in_both_orders():
     tables = Tables(g, mesh, CPU)
     assert tables.unreduced is not tables.graph
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=True, combines=True, unreduced=tables.unreduced)
+    points = search_points(tables)
     assert isinstance(points, LivePoints) and points.two_orders
     assert {True, False} <= set(points.guards)  # points of one order only, on each side
     orders = set()

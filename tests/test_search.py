@@ -21,7 +21,8 @@ from autolayout.costmodel.predict import predict
 from autolayout.costmodel.overlap import domain_of, overlappable, split, step_time
 from autolayout.costmodel.rules import check_op, op_cost
 from autolayout.search import SearchError, SearchResult, enumerate_layouts, layout, mesh_shapes, search
-from autolayout.search.liveness import live_points, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.solver import search_points
 from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
@@ -198,7 +199,7 @@ def test_live_sets_reproduce_predict_memory(name, mesh):
     g, mesh = graph(name), Mesh.parse(mesh)
     tables = Tables(g, mesh, get_hardware("tpu-v3"))
     wus, _ = wus_options(tables)
-    points = live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions)
+    points = search_points(tables)
     layouts = list(enumerate_layouts(g, mesh))
     for lay in layouts[:: max(1, len(layouts) // 12)]:
         # the layout, then with every parameter's storage sharded that can be, at each ZeRO stage
@@ -817,14 +818,13 @@ def test_memory_floor_with_storage_sharding_is_a_positive_lower_bound(name):
     found by CP-SAT's memory minimisation) and is not vacuous: each option's saving is
     measured from the assignment it applies to, so without each tensor's share of the
     devices as a floor the savings took parameters below zero and the floor to 0."""
-    from autolayout.search.liveness import live_points
     from autolayout.search.solver import memory_floor, min_memory
     g = graph(name) if name != "transformer_lm" else models.transformer_lm(
         d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=2, vocab=32, batch=8, length=8)
     tables = Tables(g, Mesh.parse("rows:2,cols:4"), get_hardware("tpu-v3"), regions=False)
     wus, _ = wus_options(tables)
     assert wus
-    floor = memory_floor(tables, wus, live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
+    floor = memory_floor(tables, wus, search_points(tables))
     smallest, _, proven = min_memory(tables, wus)
     assert proven
     assert 0 < floor <= smallest
@@ -838,11 +838,10 @@ def test_memory_floor_is_below_every_layouts_peak(name):
     """The floor that lets the search prove 'nothing fits' without CP-SAT is a true lower bound:
     at most the smallest peak of the exhaustive enumeration (predict); below it the search
     says nothing fits."""
-    from autolayout.search.liveness import live_points
     from autolayout.search.solver import memory_floor
     g, mesh = graph(name), "rows:2,cols:4"
     tables = Tables(g, Mesh.parse(mesh), get_hardware("tpu-v3"), regions=False)
-    floor = memory_floor(tables, [], live_points(tables.graph, early=tables.hw.breadth_first_schedule, combines=tables.hw.combines_gradient_reductions))
+    floor = memory_floor(tables, [], search_points(tables))
     smallest = _layout_memories(g, mesh)[0]
     assert 0 < floor <= smallest
     with pytest.raises(SearchError, match="below the smallest peak memory") as exc:  # proven by the floor

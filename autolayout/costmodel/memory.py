@@ -153,8 +153,9 @@ def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     """The part of :func:`transient_bytes` that the reduction of ``p``'s partial output holds:
     the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
     before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
-    Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op, :func:`peak_memory` counts these in the
-    reduction's own phase, after the contraction has freed its inputs."""
+    Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
+    :func:`peak_memory` counts these in the reduction's own phase, after the contraction has
+    freed its inputs."""
     extra = _partial_bytes(p, op, mesh, hardware)
     if extra and hardware.reduce_scatter_copies:
         sizes = {d.name: d.size for d in op.dims}

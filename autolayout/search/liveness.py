@@ -77,7 +77,7 @@ from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, 
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
-__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "transient",
+__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "reduces_gradient", "transient",
            "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of"]
@@ -253,14 +253,9 @@ class LivePoints(list):
         return any(g is not None for g in self.guards)
 
     def order_of(self, size: Mapping[str, int]) -> bool | None:
-        """The order of the layout whose bytes are ``size``: whether it reduces some gradient
-        (``gradients.gradients_reduced`` of its :func:`held` and :func:`partial` bytes); None with
+        """The order of the layout whose bytes are ``size`` (:func:`reduces_gradient`); None with
         one order."""
-        if not self.two_orders:
-            return None
-        ops = [o for group in gradient_reducers(self.graph).values() for o in group]
-        return gradients_reduced(self.graph, {o: size.get(held(o), 0) for o in ops},
-                                 {o: size.get(partial(o), 0) for o in ops})
+        return reduces_gradient(self.graph, size) if self.two_orders else None
 
     def indices(self, order: bool | None) -> list[int]:
         """The points of a layout of ``order`` (:meth:`order_of`; None: every point)."""
@@ -280,6 +275,14 @@ class LivePoints(list):
                 self._split.append((tuple(n for n in names if n not in skip),
                                     tuple(o for o in outputs if o not in here)))
         return self._split
+
+
+def reduces_gradient(graph: Graph, size: Mapping[str, int]) -> bool:
+    """Whether the layout whose bytes are ``size`` (names of this module) reduces some parameter
+    gradient: ``gradients.gradients_reduced`` of its ops' :func:`held` and :func:`partial` bytes,
+    as ``predict`` tells from a plan (``costmodel.order.memory_order``)."""
+    ops = [o for group in gradient_reducers(graph).values() for o in group]
+    return gradients_reduced(graph, {o: size.get(held(o), 0) for o in ops}, {o: size.get(partial(o), 0) for o in ops})
 
 
 def live_points(graph: Graph, *, early: bool, combines: bool = False, unreduced: Graph | None = None

@@ -72,7 +72,7 @@ from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.warm import greedy, sizes_of
 from autolayout.search.wus import WusParam
 
-__all__ = ["Dominated", "SearchError", "Solved", "exclude", "layout_of", "min_memory", "solve", "solve_best"]
+__all__ = ["Dominated", "SearchError", "Solved", "exclude", "layout_of", "min_memory", "search_points", "solve", "solve_best"]
 
 
 # memory rows added per overflowing solve besides the peak's (solve_best): measured on PaLM 540B
@@ -209,7 +209,7 @@ def solve_best(tables: Tables, wus: list[WusParam], memory_limit: float, k: int,
     if int(k) != k or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     start = time.perf_counter()
-    points = _live_points(tables) if math.isfinite(memory_limit) else []
+    points = search_points(tables) if math.isfinite(memory_limit) else []
     limit = int(memory_limit) if math.isfinite(memory_limit) else 0
 
     def peak(point: Decoded) -> tuple[int, int]:
@@ -427,9 +427,10 @@ def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, lim
     return ok
 
 
-def _live_points(tables: Tables) -> list:
-    """The live points the search holds its layouts to: those of both orders where a layout's
-    order depends on whether it reduces a gradient (``search.orders``)."""
+def search_points(tables: Tables) -> list:
+    """The live points the search holds the layouts of ``tables`` to (``liveness.live_points`` of
+    its graph on its hardware): those of both orders where a layout's order depends on whether it
+    reduces a gradient (``search.orders``)."""
     return live_points(tables.graph, early=tables.hw.breadth_first_schedule,
                        combines=tables.hw.combines_gradient_reductions, unreduced=tables.unreduced)
 
@@ -515,7 +516,7 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     limit came first: then it is the smallest found)."""
     start = time.perf_counter()
     lm = LayoutModel(tables, wus, time_objective=False)
-    points = _live_points(tables)
+    points = search_points(tables)
     peak_var = lm.model.NewIntVar(0, 2 ** 61, "peak")
     lm.model.Minimize(peak_var)
     best: tuple[int, Decoded] | None = None

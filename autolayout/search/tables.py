@@ -221,15 +221,18 @@ class Tables:
         key = (dims, tuple((d.name, d.size) for d in t.shape), itemsize, stored)
         hit = self._tensor_bytes.get(key)
         if hit is None:
-            g = self.group(dims)
-            names = t.dim_names
-            base = self.space.base
-            hit = np.array([Placement.of(names, {base[d]: ax for d, ax in g.axes_of(i).items()})
-                            .local_elements(self.graph.dims, self.fast_mesh)
-                            * itemsize if stored else 0 for i in range(len(g.assignments))],
-                           dtype=np.int64)
-            self._tensor_bytes[key] = hit
+            hit = self._tensor_bytes[key] = self._local_elements(t) * itemsize if stored else np.zeros(
+                len(self.group(dims).assignments), dtype=np.int64)
         return hit
+
+    def _local_elements(self, t: Tensor) -> np.ndarray:
+        """The elements of ``t`` on one device for each assignment of its group."""
+        dims = self.tensor_dims(t)
+        g = self.group(dims)
+        base = self.space.base
+        return np.array([Placement.of(t.dim_names, {base[d]: ax for d, ax in g.axes_of(i).items()})
+                         .local_elements(self.graph.dims, self.fast_mesh) for i in range(len(g.assignments))],
+                        dtype=np.int64)
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
@@ -324,19 +327,14 @@ class Tables:
         ``reader`` (``costmodel.broadcasts``): the reader's tensor as if it were stored, for each
         assignment of its group."""
         t = self.graph.tensor(reader)
-        dims = self.tensor_dims(t)
         key = ("broadcast", reader)
         hit = self._tensor_bytes.get(key)
         if hit is None:
-            g = self.group(dims)
             itemsize = stored_itemsize(self.graph, reader, self.hw)
-            base = self.space.base
             hit = self._tensor_bytes[key] = np.array(
-                [broadcast_bytes(Placement.of(t.dim_names, {base[d]: ax for d, ax in g.axes_of(i).items()})
-                                 .local_elements(self.graph.dims, self.fast_mesh), itemsize,
-                                 self.hw.ynn_reductions)
-                 for i in range(len(g.assignments))], dtype=np.int64)
-        return dims, hit
+                [broadcast_bytes(int(n), itemsize, self.hw.ynn_reductions) for n in self._local_elements(t)],
+                dtype=np.int64)
+        return self.tensor_dims(t), hit
 
     def _bitcast(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bitcast)``: whether rename ``op`` is a bitcast (``bitcasts.is_bitcast``) for

@@ -7,7 +7,6 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.combine import combined_all_reduces, held_pairs
-from autolayout.costmodel.gradients import gradient_reducers, gradients_reduced
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.copies import copy_spans
@@ -15,7 +14,7 @@ from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.search.liveness import (broadcast, combined, copy, gathered, held, indices_of, kept, partial, peak_of,
-                                        result, total_at, transient)
+                                        reduces_gradient, result, total_at, transient)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -59,10 +58,8 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
-    ops = [o for group in gradient_reducers(tables.graph).values() for o in group]
-    reduced = gradients_reduced(tables.graph, {o: sizes.get(held(o), 0) for o in ops},
-                                {o: sizes.get(partial(o), 0) for o in ops})
-    sizes.update(_combined_sizes(tables, point, tables.graph if reduced else tables.unreduced))
+    sizes.update(_combined_sizes(tables, point, tables.graph if reduces_gradient(tables.graph, sizes)
+                                 else tables.unreduced))
     return sizes
 
 
