@@ -6,12 +6,13 @@ ops when it is built; the cost model reads the result (``Op.materialised``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "topological", "with_fusion"]
+__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "duplicable", "topological", "with_fusion"]
 
 
 # Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
@@ -54,6 +55,22 @@ def identity(op: Any) -> bool:
     value = np.asarray(lits[0])  # a scalar broadcast to the op's shape: compare its one element, not the view
     value = value[tuple(0 if stride == 0 else slice(None) for stride in value.strides)]
     return bool(np.all(value == (1 if op.fn == "mul" else 0)))
+
+
+def duplicable(op: Any) -> bool:
+    """Whether XLA may duplicate element-wise ``op`` into several fusions whatever its consumers
+    (``InstructionFusion::ComputeGloballyUnfusible``, openxla/xla
+    ``xla/service/instruction_fusion.cc``): it is effectively at most unary (at most one operand
+    of the output's true rank, the number of its dims of size > 1; a value of fewer dims is read
+    through a broadcast, which does not count), or its distinct operands have no more elements
+    than its output, so a copy of it in each fusion reads no more than the fusions would read of
+    its output. Any other op is duplicated only where every consumer can fuse it."""
+    rank = sum(d.size > 1 for d in op.output.shape)
+    full = [i for i, s in zip(op.inputs, op.input_shapes) if sum(d.size > 1 for d in s) >= rank]
+    if len(set(full)) <= 1:
+        return True
+    sizes = {i: math.prod(d.size for d in s) for i, s in zip(op.inputs, op.input_shapes)}
+    return sum(sizes.values()) <= math.prod(d.size for d in op.output.shape)
 
 
 def topological(ops: Sequence[Any], by_name: Mapping[str, Any]) -> list[Any]:
@@ -107,6 +124,12 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     (a ``dynamic-slice`` is not taken in). Measured by ``benchmarks/xla_cpu_reductions.py``
     (the optimized HLO's large buffers of 11 small programs: this rule agrees on 8, the rule
     without reductions on 3) and ``tests/test_xla_cpu_reductions.py``.
+    That holds where the reduction is a YNNPACK fusion, which takes in the chain it reads but
+    shares no value with another fusion. XLA:CPU makes one only where the reduction or its operand
+    has at least 4096 elements on a device (``costmodel.broadcasts.YNN_MIN_ELEMENTS``); below, it
+    is one of XLA's loop fusions, into which a cheap value that XLA may duplicate
+    (:func:`duplicable`) is fused like into any other, so nothing is written. Such a value is
+    marked ``Op.reduction_shared``; the layout decides (``costmodel/recomputed.py``).
     A tensor whose op has the :data:`ON_CHIP` attr stays on chip
     too (a fused kernel's internal tensor) unless it is a graph output; everything else is
     materialised."""
@@ -131,6 +154,7 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
 
     identities = {op.name for op in ops if identity(op)}
     mat: dict[str, bool] = {}
+    shared: set[str] = set()  # written only for a reduction fusion: Op.reduction_shared
     sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
     for op in reversed(topological(ops, by_name)):  # consumers first
         m = materialized(op.name)
@@ -143,6 +167,8 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             reduced = any(reduction(by_name[u]) for u in into)
             m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced))
                                           or (reduced and op.kind == "reshape"))
+            if m and op.kind == "elementwise" and not expensive(op) and duplicable(op):
+                shared.add(op.name)  # only for the reduction's sake: recomputed below YNN's size
             sinks[op.name] = into
         mat[op.name] = m
     def read(name: str) -> bool:  # an identity's reader reads its operand from memory
@@ -150,4 +176,5 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             name = by_name[name].inputs[0]
         return mat[name]
 
-    return [dataclasses.replace(op, hbm=tuple(read(i) for i in op.inputs) + (mat[op.name],)) for op in ops]
+    return [dataclasses.replace(op, hbm=tuple(read(i) for i in op.inputs) + (mat[op.name],),
+                                reduction_shared=op.name in shared) for op in ops]

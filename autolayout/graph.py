@@ -117,6 +117,10 @@ class Op:
     # Loop fusion (XLA fuses chains of elementwise ops): whether each input is read from
     # HBM and whether the output is written there. Set by Graph from the consumers.
     hbm: tuple[bool, ...] = ()
+    # Whether the output is written only because a reduction fusion shares it with another
+    # fusion (fusion.with_fusion): where the layout leaves that reduction to XLA's own loop
+    # fusions, it is recomputed in each instead (costmodel/recomputed.py). Set by Graph.
+    reduction_shared: bool = False
 
     @property
     def materialised(self) -> bool:
@@ -177,6 +181,7 @@ class Op:
             tuple((tuple((d.name, d.size) for d in s)) for s in self.input_shapes),
             self.input_dtypes,
             self.hbm,
+            self.reduction_shared,
             tuple((d.name, d.size) for d in self.output.shape),
             self.output.dtype,
         )

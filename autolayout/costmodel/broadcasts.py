@@ -27,7 +27,7 @@ from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
 from autolayout.fusion import reduction
 from autolayout.graph import Graph, Loop
 
-__all__ = ["broadcast_spans", "broadcast_bytes", "YNN_MIN_ELEMENTS"]
+__all__ = ["broadcast_spans", "broadcast_bytes", "ynn_reduction", "YNN_MIN_ELEMENTS"]
 
 
 @lru_cache(maxsize=64)
@@ -90,8 +90,16 @@ def broadcast_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, str, int,
 YNN_MIN_ELEMENTS = 4096
 
 
+def ynn_reduction(local_elements: int, ynn: bool) -> bool:
+    """Whether a reduction that reads ``local_elements`` on a device is a YNNPACK fusion: on
+    hardware that makes them (``ynn``: ``Hardware.ynn_reductions``), at least
+    :data:`YNN_MIN_ELEMENTS`. The one rule :func:`broadcast_bytes` and
+    ``costmodel.recomputed.written`` apply."""
+    return ynn and local_elements >= YNN_MIN_ELEMENTS
+
+
 def broadcast_bytes(local_elements: int, itemsize: int, ynn: bool) -> int:
     """The bytes of a broadcast of :func:`broadcast_spans` whose reader has ``local_elements``
-    on a device: the reader's bytes where its reduction is a YNN fusion (``ynn``:
-    ``Hardware.ynn_reductions``, and at least :data:`YNN_MIN_ELEMENTS`), else 0."""
-    return local_elements * itemsize if ynn and local_elements >= YNN_MIN_ELEMENTS else 0
+    on a device: the reader's bytes where its reduction is a YNN fusion (:func:`ynn_reduction`),
+    else 0."""
+    return local_elements * itemsize if ynn_reduction(local_elements, ynn) else 0

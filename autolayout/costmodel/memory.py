@@ -100,6 +100,7 @@ from autolayout.costmodel.outputs import output_placement, step_arguments, unpla
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.phases import Phases, after_bytes, after_points
 from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
@@ -258,8 +259,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 gathered: Mapping[str, Mapping[str, int]] | None = None, *, early: bool,
                 groups: Mapping[str | None, tuple] | None = None,
                 partials: Mapping[str, int] | None = None, combines: bool = False,
-                kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None
-                ) -> tuple[int, dict]:
+                kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None,
+                recomputed: Mapping[tuple[str, str], int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -287,11 +288,13 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     tensor whose renames are bitcasts (``costmodel.bitcasts``), live past its own last reader to
     theirs (``bitcasts.kept_spans``, counted as ``activations``). ``broadcasts[value, reader]``: the
     bytes of the broadcast of a value XLA writes to memory (``broadcasts.broadcast_spans``, as
-    ``activations``)."""
+    ``activations``). ``recomputed[source, value]``: the bytes of a source kept alive past its own
+    last reader because ``value`` is recomputed from it (``recomputed.recomputed_spans``, as
+    ``activations``; 0 where the layout writes the value)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {})
+    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {}, recomputed or {})
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
     units, alloc, free = lifetimes(graph)
@@ -509,8 +512,8 @@ def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
 
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
-           early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int]
-           ) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int],
+           recomputed: Mapping[tuple[str, str], int]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
@@ -528,6 +531,10 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
         for value, reader, start, stop in group:
             if broadcasts.get((value, reader), 0):
                 out.setdefault(loop, []).append((start, stop, broadcasts[value, reader], "broadcast"))
+    for loop, group in recomputed_spans(graph).items() if recomputed else ():
+        for source, value, start, stop in group:
+            if recomputed.get((source, value), 0):
+                out.setdefault(loop, []).append((start, stop, recomputed[source, value], "kept"))
     return out
 
 

@@ -10,6 +10,7 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.attention import kernel_graph
 from autolayout.costmodel.bitcasts import is_bitcast, is_rename, kept_spans
 from autolayout.costmodel.broadcasts import broadcast_bytes, broadcast_spans
+from autolayout.costmodel.recomputed import recomputed_spans, written
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import peak_memory, stored_bytes, stored_itemsize
@@ -178,6 +179,12 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                                                 size[graph.op(n).inputs[0]], size[n])}
     kept = {src: size[src] for group in kept_spans(walk).values() for src, rs, _, _ in group if rs[0] in bitcast}
     size.update({n: 0 for n in bitcast})  # a bitcast shares its operand's buffer (costmodel/bitcasts.py)
+    # a value a reduction fusion shares: written or recomputed by the layout (costmodel/recomputed.py)
+    shared = {op.name: written(p.placements[op.name].local_elements(graph.dims, mesh), hw.ynn_reductions)
+              for op in graph.ops() if op.reduction_shared}
+    size.update({n: 0 for n, w in shared.items() if not w})
+    recomputed = {(s, v): size[s] for group in recomputed_spans(walk).values() for s, v, _, _ in group
+                  if not shared[v]}
     # a broadcast XLA writes, at its reader's shape (costmodel/broadcasts.py)
     broadcasts = {(v, r): broadcast_bytes(p.placements[r].local_elements(graph.dims, mesh),
                                           stored_itemsize(graph, r, hw), hw.ynn_reductions)
@@ -185,7 +192,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     mem_total, breakdown = peak_memory(walk, size, temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
-                                     combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts)
+                                     combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
+                                     recomputed=recomputed)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -8,7 +8,10 @@ seed 003). This module prices an :class:`~autolayout.costmodel.plan.OpPlan`:
   HBM bandwidth)`` (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4))
   on the op's local sizes, plus ``Hardware.op_overhead_s`` for every executed op
   and, where ``Hardware.dot_operand_copies``, the operand copies of a contraction
-  (:mod:`~autolayout.costmodel.dotcopy`) at HBM bandwidth;
+  (:mod:`~autolayout.costmodel.dotcopy`) at HBM bandwidth; a value a reduction fusion
+  shares that the layout has XLA recompute in its readers (``costmodel.recomputed.written``)
+  writes nothing, so its bytes leave out the write (its readers still read about its bytes:
+  its sources);
   a mesh axis no dim of the op uses duplicates its work along that axis (paper
   §8.4), which the per-device figure shows directly;
 * **communication**: each collective step at :func:`~.collectives.collective_time`
@@ -33,6 +36,7 @@ from autolayout.costmodel.memory import (contraction_bytes, held_bytes, operand_
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
+from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.regions import Regions
 from autolayout.graph import Op
 
@@ -162,17 +166,20 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
     colls = tuple(collective(ph, p.op, p.count, mesh, hw, overlap)
                   for s in p.steps for ph in phases(s, mesh, hw, itemsize))
     peak = hw.peak(p.dtype) * hw.efficiency
-    compute = max(p.flops / peak if peak else 0.0, p.hbm_bytes / hw.hbm_bandwidth)
+    sizes = _sizes(graph_op)
+    hbm_bytes = p.hbm_bytes
+    if graph_op.reduction_shared and not written(p.out.local_elements(sizes, mesh), hw.ynn_reductions):
+        hbm_bytes -= p.computed.local_elements(sizes, mesh) * itemsize  # recomputed by its readers, never written
+    compute = max(p.flops / peak if peak else 0.0, hbm_bytes / hw.hbm_bandwidth)
     if graph_op.kind not in NOT_EXECUTED:  # launch/dispatch cost of an executed op (Hardware.op_overhead_s)
         compute += hw.op_overhead_s
-    sizes = _sizes(graph_op)
     copies: tuple[int, ...] = ()
     if hw.dot_operand_copies and graph_op.kind == "einsum" and len(graph_op.inputs) == 2:
         local = {n: -(-size // math.prod(mesh.axis_size(a) for a in p.axes.get(n, ()))) for n, size in sizes.items()}
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
         copies = operand_copy_bytes(graph_op, local, hw)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
-    return OpCost(p.op, local, p.flops, p.hbm_bytes, compute, colls, sum(c.time_s for c in colls),
+    return OpCost(p.op, local, p.flops, hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped),
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
                   transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,

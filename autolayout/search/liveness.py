@@ -74,13 +74,15 @@ from autolayout.costmodel.copies import copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "reduces_gradient", "transient",
            "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
-           "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of"]
+           "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
+           "is_recomputed", "recomputed_of"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -91,6 +93,7 @@ _PARTIAL = "\x00partial:"
 _RESULT = "\x00result:"
 _KEPT = "\x00kept:"
 _BROADCAST = "\x00broadcast:"
+_RECOMPUTED = "\x00recomputed:"
 
 
 def transient(op: str) -> str:
@@ -205,6 +208,21 @@ def broadcast_of(name: str) -> tuple[str, str]:
     return _parts(_BROADCAST, name)
 
 
+def recomputed(source: str, value: str) -> str:
+    """The name under which a live set lists ``source``'s buffer kept alive past its own last
+    reader where the layout recomputes ``value`` from it (``costmodel.recomputed``)."""
+    return f"{_RECOMPUTED}{source}\x00{value}"
+
+
+def is_recomputed(name: str) -> bool:
+    return name.startswith(_RECOMPUTED)
+
+
+def recomputed_of(name: str) -> tuple[str, str]:
+    """``(source, value)`` of a :func:`recomputed` name."""
+    return _parts(_RECOMPUTED, name)
+
+
 def combined(member: str, last: str) -> str:
     """The name under which the live set of ``last``'s point lists the partial sums ``member``
     holds there when a layout combines their all-reduces (``costmodel.combine``)."""
@@ -312,6 +330,7 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     shared = shared_spans(graph, early)
     renamed = kept_spans(graph)
     broadcasts = broadcast_spans(graph)
+    kept_for = recomputed_spans(graph)
     split = split_reductions(graph)
     moved = collective_points(graph)
     late: dict[tuple[str | None, int], list[tuple[str, tuple[str, ...]]]] = {}  # collectives run after a later unit
@@ -340,6 +359,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
                 + tuple(kept(src, rs[0]) for src, rs, start, stop in renamed.get(loop, ())
                         if start <= i <= stop and (ending or stop > i))
                 + tuple(broadcast(v, r) for v, r, start, stop in broadcasts.get(loop, ())
+                        if start <= i <= stop and (ending or stop > i))
+                + tuple(recomputed(s, v) for s, v, start, stop in kept_for.get(loop, ())
                         if start <= i <= stop and (ending or stop > i)))
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks

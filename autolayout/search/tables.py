@@ -33,6 +33,7 @@ from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.bitcasts import is_bitcast, is_rename
 from autolayout.costmodel.broadcasts import broadcast_bytes
+from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -48,8 +49,10 @@ __all__ = ["Group", "Tables", "share_bytes"]
 def share_bytes(t: Tensor, graph: Graph, mesh: Mesh) -> int:
     """A lower bound on the local bytes of ``t`` under every layout and storage sharding: a
     device holds at least ``1/N`` of a materialised tensor's elements (the shards of ``N``
-    devices cover it), 0 for a fused intermediate."""
-    return -(-t.size // mesh.size) * t.itemsize if graph.op(t.name).materialised else 0
+    devices cover it), 0 for a fused intermediate and for a value a reduction fusion shares, which
+    a layout may have XLA recompute (``costmodel.recomputed``)."""
+    op = graph.op(t.name)
+    return -(-t.size // mesh.size) * t.itemsize if op.materialised and not op.reduction_shared else 0
 
 
 @dataclass
@@ -304,6 +307,8 @@ class Tables:
         bitcast of its operand (``costmodel.bitcasts.is_bitcast``; then over the dims of the
         rename, for each assignment of their group)."""
         op = self.graph.op(t.name)
+        if op.reduction_shared:  # written or recomputed by the layout (costmodel.recomputed)
+            return self.tensor_dims(t), np.where(self._written(t), self.tensor_bytes(t), 0)
         if not (is_rename(op) and op.materialised):
             return self.tensor_dims(t), self.tensor_bytes(t)
         dims, cast = self._bitcast(op)
@@ -321,6 +326,23 @@ class Tables:
         t = self.graph.tensor(src)
         own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
         return dims, np.where(cast, own, 0)
+
+    def recomputed_bytes(self, source: str, value: str) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the bytes of ``source`` kept alive past its own last reader where the
+        layout has XLA recompute ``value`` from it (``costmodel.recomputed.recomputed_spans``): its
+        :meth:`stored_bytes` where ``value`` is not written, else 0, for each assignment of the
+        group of ``value``'s dims (which hold the source's: it is read element-wise)."""
+        t = self.graph.tensor(value)
+        dims = self.tensor_dims(t)
+        g = self.group(dims)
+        sdims, own = self.stored_bytes(self.graph.tensor(source))
+        own = own[[self.restrict(g.axes_of(i), sdims) for i in range(len(g.assignments))]]
+        return dims, np.where(self._written(t), 0, own)
+
+    def _written(self, t: Tensor) -> np.ndarray:
+        """Whether XLA writes ``t``, a value a reduction fusion shares, for each assignment of its
+        dims' group (``costmodel.recomputed.written``)."""
+        return np.array([written(int(n), self.hw.ynn_reductions) for n in self._local_elements(t)], dtype=bool)
 
     def broadcast_bytes(self, reader: str) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of a broadcast XLA writes at the shape of its element-wise

@@ -11,10 +11,11 @@ from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
+from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.search.liveness import (broadcast, combined, copy, gathered, held, indices_of, kept, partial, peak_of,
-                                        reduces_gradient, result, total_at, transient)
+                                        recomputed, reduces_gradient, result, total_at, transient)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -51,6 +52,10 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
             for src, rs, _, _ in spans:
                 dims, vec = tables.kept_bytes(src, rs[0])
                 sizes[kept(src, rs[0])] = int(vec[tables.restrict(point.axes_of, dims)])
+        for spans in recomputed_spans(graph).values():  # sources of values the layout recomputes
+            for src, v, _, _ in spans:
+                dims, vec = tables.recomputed_bytes(src, v)
+                sizes[recomputed(src, v)] = int(vec[tables.restrict(point.axes_of, dims)])
         for spans in broadcast_spans(graph).values():  # broadcasts XLA writes (costmodel/broadcasts.py)
             for v, r, _, _ in spans:
                 dims, vec = tables.broadcast_bytes(r)
