@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
-from autolayout.graph import Graph, Loop, Op
+from autolayout.costmodel.lifetimes import computations
+from autolayout.graph import Graph, Op
 
 __all__ = ["is_rename", "is_loop_slice", "is_bitcast", "kept_spans"]
 
@@ -62,12 +62,7 @@ def kept_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, tuple[str, ...
     a body) where the operand is live only as the renames' buffer. An operand whose renames map
     its dims differently (so a layout can make one a bitcast and not another) is left out: its
     renames keep their own buffers."""
-    units, alloc, free = lifetimes(graph)
-    top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
-    bodies = {lp.name: body_lifetimes(graph, lp) for lp in graph.loops.values()}
-    where: dict[str, tuple[str | None, int]] = {n: (None, i) for n, i in top.items()}
-    for name, (order, _) in bodies.items():
-        where.update({n: (name, j) for n, j in order.items()})
+    loop_of, lasts = computations(graph)
     renames: dict[str, list[str]] = {}
     for op in graph.ops():
         if not (is_rename(op) and op.materialised):
@@ -77,12 +72,12 @@ def kept_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, tuple[str, ...
             renames.setdefault(op.inputs[0], []).append(op.name)
     out: dict[str | None, list] = {}
     for src, rs in renames.items():
-        if src not in where or len({dict(graph.op(r).attrs)["groups"] for r in rs}) != 1:
+        if src not in loop_of or len({dict(graph.op(r).attrs)["groups"] for r in rs}) != 1:
             continue
-        loop = where[src][0]
-        if any(where.get(r, (0,))[0] != loop for r in rs):
+        loop = loop_of[src]
+        if any(loop_of.get(r, 0) != loop for r in rs):
             continue
-        last = free if loop is None else bodies[loop][1]
+        last = lasts[loop]
         if src not in last or any(r not in last for r in rs):
             continue  # an argument or an output reused in place: live throughout already
         stop = max(last[r] for r in rs)

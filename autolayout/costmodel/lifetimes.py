@@ -15,8 +15,8 @@ from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "last_reads", "last_read_at", "schedule_points", "readers_of",
-           "in_place_operand", "loop_state_chain"]
+__all__ = ["lifetimes", "body_lifetimes", "computations", "last_reads", "last_read_at", "schedule_points",
+           "readers_of", "in_place_operand", "loop_state_chain"]
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
@@ -64,6 +64,23 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 if src in free and free[src] == i and alloc[src] < i and src not in outputs:
                     free[src] = i - 1
     return units, alloc, free
+
+
+@lru_cache(maxsize=64)
+def computations(graph: Graph) -> tuple[Mapping[str, str | None], Mapping[str | None, Mapping[str, int]]]:
+    """``(loop_of, last)``: the computation each op runs in (``None``: the top level, for each
+    unit of the schedule that is not a scan; a scan's name for each op of its body), and per
+    computation the last position each tensor is live at (:func:`lifetimes`' ``free`` at the top
+    level, :func:`body_lifetimes`' ``last`` in a body). The spans that keep a buffer alive past
+    its own last reader (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``) read both."""
+    units, _, free = lifetimes(graph)
+    loop_of: dict[str, str | None] = {u: None for u in units if not isinstance(u, Loop)}
+    last: dict[str | None, Mapping[str, int]] = {None: free}
+    for lp in graph.loops.values():
+        order, body_last = body_lifetimes(graph, lp)
+        loop_of.update({n: lp.name for n in order})
+        last[lp.name] = body_last
+    return MappingProxyType(loop_of), MappingProxyType(last)
 
 
 def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int,

@@ -515,8 +515,12 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
            early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int],
            recomputed: Mapping[tuple[str, str], int]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
-    the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``) and
-    the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``)."""
+    the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``),
+    the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``), operands
+    kept for renames that are bitcasts and sources kept for recomputed values
+    (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``, ``"kept"``) and broadcasts XLA
+    writes (``broadcasts.broadcast_spans``, ``"broadcast"``); of the last three, those the layout
+    gives bytes (``kept``, ``recomputed``, ``broadcasts``)."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:

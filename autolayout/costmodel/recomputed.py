@@ -28,9 +28,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from autolayout.costmodel.broadcasts import ynn_reduction
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes
+from autolayout.costmodel.lifetimes import computations
 from autolayout.costmodel.regions import regions
-from autolayout.graph import Graph, Loop
+from autolayout.graph import Graph
 
 __all__ = ["recomputed_spans", "written"]
 
@@ -56,12 +56,7 @@ def recomputed_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, str, int
     the value lacks or stored in another region (``costmodel.regions``: so a layout's assignment
     of the value's dims sizes the source too) and a reshape (a rename's or a scan result's bytes
     are not its own tensor's alone: ``costmodel.bitcasts``, loop stacks)."""
-    units, _, free = lifetimes(graph)
-    top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
-    bodies = {lp.name: body_lifetimes(graph, lp) for lp in graph.loops.values()}
-    loop_of = {n: None for n in top}
-    for name, (order, _) in bodies.items():
-        loop_of.update({n: name for n in order})
+    loop_of, lasts = computations(graph)
 
     def sources(name: str, acc: set[str]) -> set[str]:
         for i in graph.op(name).inputs:
@@ -78,7 +73,7 @@ def recomputed_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, str, int
         if not (op.reduction_shared and op.name in loop_of):
             continue
         loop = loop_of[op.name]
-        last = free if loop is None else bodies[loop][1]
+        last = lasts[loop]
         if op.name not in last:
             continue
         for s in sources(op.name, set()):
@@ -92,6 +87,5 @@ def recomputed_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, str, int
     out: dict[str | None, list] = {}
     for (s, _), (stop, v) in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1])):
         loop = loop_of[s]
-        last = free if loop is None else bodies[loop][1]
-        out.setdefault(loop, []).append((s, v, last[s] + 1, stop))
+        out.setdefault(loop, []).append((s, v, lasts[loop][s] + 1, stop))
     return {k: tuple(v) for k, v in out.items()}

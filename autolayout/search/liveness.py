@@ -78,8 +78,8 @@ from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
-__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of", "reduces_gradient", "transient",
-           "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
+__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
+           "reduces_gradient", "transient", "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
            "is_recomputed", "recomputed_of"]
@@ -352,16 +352,14 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
             seen.add(key)
             points.append(key)
 
+    named: dict[str | None, list[tuple[str, int, int]]] = {}  # per computation: (name, start, stop) of each span
+    for group, name in ((spans, copy), (shared, gathered), (renamed, lambda src, rs: kept(src, rs[0])),
+                        (broadcasts, broadcast), (kept_for, recomputed)):
+        for loop, members in group.items():
+            named.setdefault(loop, []).extend((name(a, b), start, stop) for a, b, start, stop in members)
+
     def copies_at(loop: str | None, i: int, ending: bool = True) -> tuple[str, ...]:
-        return (tuple(copy(n, k) for n, k, start, stop in spans.get(loop, ()) if start <= i <= stop and (ending or stop > i))
-                + tuple(gathered(n, t) for n, t, start, stop in shared.get(loop, ())
-                        if start <= i <= stop and (ending or stop > i))
-                + tuple(kept(src, rs[0]) for src, rs, start, stop in renamed.get(loop, ())
-                        if start <= i <= stop and (ending or stop > i))
-                + tuple(broadcast(v, r) for v, r, start, stop in broadcasts.get(loop, ())
-                        if start <= i <= stop and (ending or stop > i))
-                + tuple(recomputed(s, v) for s, v, start, stop in kept_for.get(loop, ())
-                        if start <= i <= stop and (ending or stop > i)))
+        return tuple(n for n, start, stop in named.get(loop, ()) if start <= i <= stop and (ending or stop > i))
 
     for i, loop, j, op, live in schedule_points(graph):  # the points predict's peak walks
         top = copies_at(None, i)

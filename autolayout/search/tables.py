@@ -118,6 +118,7 @@ class Tables:
         self._phases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
         self._bitcasts: dict[str, np.ndarray] = {}
+        self._stored: dict = {}  # stored_bytes, kept_bytes and recomputed_bytes: by tensor or (tensor, reader)
         self._copies: dict[tuple[str, int], np.ndarray] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
@@ -305,39 +306,53 @@ class Tables:
         """``(dims, bytes)``: the bytes ``t`` takes of its own, as ``predict`` counts them: its
         :meth:`tensor_bytes`, except a rename's, which takes none where the layout makes it a
         bitcast of its operand (``costmodel.bitcasts.is_bitcast``; then over the dims of the
-        rename, for each assignment of their group)."""
+        rename, for each assignment of their group), and a value a reduction fusion shares, which
+        takes none where the layout has XLA recompute it (``costmodel.recomputed.written``)."""
         op = self.graph.op(t.name)
-        if op.reduction_shared:  # written or recomputed by the layout (costmodel.recomputed)
-            return self.tensor_dims(t), np.where(self._written(t), self.tensor_bytes(t), 0)
-        if not (is_rename(op) and op.materialised):
+        if not (op.reduction_shared or (is_rename(op) and op.materialised)):
             return self.tensor_dims(t), self.tensor_bytes(t)
-        dims, cast = self._bitcast(op)
-        g = self.group(dims)
-        own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
-        return dims, np.where(cast, 0, own)
+        hit = self._stored.get(t.name)
+        if hit is None:
+            if op.reduction_shared:  # written or recomputed by the layout (costmodel.recomputed)
+                hit = self.tensor_dims(t), np.where(self._written(t), self.tensor_bytes(t), 0)
+            else:
+                dims, cast = self._bitcast(op)
+                hit = dims, np.where(cast, 0, self._regroup(t, dims))
+            self._stored[t.name] = hit
+        return hit
 
     def kept_bytes(self, src: str, rename: str) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of ``src`` kept alive for its renames past its own last
         reader (``costmodel.bitcasts.kept_spans``): its :meth:`tensor_bytes` where the layout
         makes ``rename`` (the first of them) a bitcast, else 0, for each assignment of the group
         of the rename's dims."""
-        dims, cast = self._bitcast(self.graph.op(rename))
-        g = self.group(dims)
-        t = self.graph.tensor(src)
-        own = self.tensor_bytes(t)[[self.restrict(g.axes_of(i), self.tensor_dims(t)) for i in range(len(cast))]]
-        return dims, np.where(cast, own, 0)
+        hit = self._stored.get(("kept", src, rename))
+        if hit is None:
+            dims, cast = self._bitcast(self.graph.op(rename))
+            own = self._regroup(self.graph.tensor(src), dims)
+            hit = self._stored["kept", src, rename] = dims, np.where(cast, own, 0)
+        return hit
 
     def recomputed_bytes(self, source: str, value: str) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of ``source`` kept alive past its own last reader where the
         layout has XLA recompute ``value`` from it (``costmodel.recomputed.recomputed_spans``): its
         :meth:`stored_bytes` where ``value`` is not written, else 0, for each assignment of the
         group of ``value``'s dims (which hold the source's: it is read element-wise)."""
-        t = self.graph.tensor(value)
-        dims = self.tensor_dims(t)
+        hit = self._stored.get(("recomputed", source, value))
+        if hit is None:
+            t = self.graph.tensor(value)
+            dims = self.tensor_dims(t)
+            hit = self._stored["recomputed", source, value] = dims, np.where(
+                self._written(t), 0, self._regroup(self.graph.tensor(source), dims, stored=True))
+        return hit
+
+    def _regroup(self, t: Tensor, dims: tuple[str, ...], stored: bool = False) -> np.ndarray:
+        """``t``'s :meth:`tensor_bytes` (its :meth:`stored_bytes` where ``stored``) for each
+        assignment of the group of ``dims``, which hold ``t``'s own (a rename's, a value read
+        element-wise from ``t``)."""
+        tdims, own = self.stored_bytes(t) if stored else (self.tensor_dims(t), self.tensor_bytes(t))
         g = self.group(dims)
-        sdims, own = self.stored_bytes(self.graph.tensor(source))
-        own = own[[self.restrict(g.axes_of(i), sdims) for i in range(len(g.assignments))]]
-        return dims, np.where(self._written(t), 0, own)
+        return own[[self.restrict(g.axes_of(i), tdims) for i in range(len(g.assignments))]]
 
     def _written(self, t: Tensor) -> np.ndarray:
         """Whether XLA writes ``t``, a value a reduction fusion shares, for each assignment of its
