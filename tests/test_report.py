@@ -303,3 +303,36 @@ def test_why_faster_names_the_collectives_and_memory_saved():
     assert "2 all-reduces over cols moving 2 MiB in 500 us where the runner-up has 2 over rows×cols moving 8 MiB " \
            "in 2.5 ms" in text
     assert "It needs 2 MiB per device, less than the runner-up's 3 MiB." in text
+
+
+def _ranking_rows(confirmed: bool) -> pd.DataFrame:
+    # one model, five layouts; "c" was searched, "e" verified; "a" the fastest of the final round
+    rows = [("a", "fit", False, False, 2.0, 2.2, 2.2), ("b", "held-out", False, False, 3.0, 2.8, math.nan),
+            ("c", "held-out", True, False, 2.4, 2.6, 2.3), ("d", "held-out", False, False, 4.0, 4.4, math.nan),
+            ("e", "verified", False, True, 2.1, 2.0, 2.4)]
+    df = pd.DataFrame([{"model": "m", "layout": lay, "rules": lay, "half": half, "searched": s, "verified": v,
+                        "measured_ms": meas, "predicted_ms": pred, "micro_ms": pred, "placeholder_ms": pred,
+                        "collectives_match": True, "max_abs_error": 0.0,
+                        **({"confirmed_ms": conf} if confirmed else {})}
+                       for lay, half, s, v, meas, pred, conf in rows])
+    return df
+
+
+@pytest.mark.parametrize("confirmed", [True, False], ids=["re-timed", "final-round-only"])
+def test_ranking_stats_gaps(confirmed):
+    from autolayout.reporting.measured import ranking_stats
+
+    st = ranking_stats(_ranking_rows(confirmed)).set_index("model")
+    m = st.loc["m"]
+    # ranks from the final round: c (2.4) is third after a (2.0) and e (2.1); e second
+    assert (m.searched_rank, m.verified_rank) == (3, 2)
+    # the final round's gaps against a's 2.0 ms, by hand
+    assert m.searched_gap_final == pytest.approx(2.4 / 2.0 - 1)
+    assert m.verified_gap_final == pytest.approx(2.1 / 2.0 - 1)
+    # the re-timing: c 2.3 and e 2.4 against a's 2.2 ms; without it the final round's gap stands
+    assert m.searched_gap == pytest.approx(2.3 / 2.2 - 1 if confirmed else 2.4 / 2.0 - 1)
+    assert m.verified_gap == pytest.approx(2.4 / 2.2 - 1 if confirmed else 2.1 / 2.0 - 1)
+    # held out: b, c, d (not the fit half, nor the verified-only layout): predicted 2.8, 2.6, 4.4 against
+    # measured 3.0, 2.4, 4.0, the same order
+    assert m.spearman == pytest.approx(1.0)
+    assert m.median_abs_error == pytest.approx(sorted([0.2 / 3.0, 0.2 / 2.4, 0.4 / 4.0])[1])

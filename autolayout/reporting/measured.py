@@ -154,6 +154,10 @@ VALIDATION_MODELS: dict[str, dict] = {
 }
 LAYOUTS_PER_MODEL = 14  # drawn at random; half fit the profile, half are held out
 ROUNDS = 15  # interleaved timed steps per layout (one step per layout per round, random order)
+# the searched (and verified) layout re-timed against its model's fastest in this many times ROUNDS
+# interleaved steps: the fastest of many noisy medians is biased low (it won partly by luck), so the
+# gap is taken from a second, independent measurement of the contenders (``ranking_stats``)
+CONFIRM_FACTOR = 4
 VERIFY = 3  # search(..., verify=VERIFY): the measured fastest of the search's 3 best predicted layouts
 SEED = 0
 TARGETS = {"spearman": 0.9, "median_abs_error": 0.2, "searched_gap": 0.1}
@@ -204,6 +208,10 @@ def ranking_experiment(layouts_per_model: int = LAYOUTS_PER_MODEL, rounds: int =
        half plus the searched layouts, which neither fit saw (a verified layout that is
        neither is listed, not scored). ``search_profile_ms`` is each layout priced with
        the first-round profile the search used.
+    6. per model, the searched and verified layouts and the fastest of that round are timed
+       again together, ``CONFIRM_FACTOR * rounds`` interleaved steps each (``confirmed_ms``):
+       the fastest of many noisy medians won partly by luck, so the gaps of
+       :func:`ranking_stats` come from this independent measurement.
 
     Returns ``{"rows": [...], "micro": Hardware, "fit": StepFit (step 5), "search_fit":
     StepFit (step 2), "calib_s", "total_s", "verified": {model: {"chosen": Layout, "rows":
@@ -273,6 +281,18 @@ def ranking_experiment(layouts_per_model: int = LAYOUTS_PER_MODEL, rounds: int =
                 runs.append({"model": name, "label": flag, "layout": lay, "half": flag, flag: True})
     run_all([r for r in runs if "ex" not in r], "compiling held-out and searched layouts", micro)
     _time_interleaved(runs, rounds, rng)
+    duel = []
+    for name in graphs:
+        mine = [r for r in runs if r["model"] == name]
+        fastest = min(mine, key=lambda r: r["measured_s"])
+        others = [r for r in mine if (r.get("searched") or r.get("verified")) and r is not fastest]
+        if others:
+            duel += [fastest] + others
+    final = {id(r): (r["measured_s"], r["spread_s"], r["steps"]) for r in duel}
+    _time_interleaved(duel, CONFIRM_FACTOR * rounds, rng)
+    for r in duel:
+        r["confirmed_s"] = r["measured_s"]
+        r["measured_s"], r["spread_s"], r["steps"] = final[id(r)]
     search_fit = fit
     fit = fit_step_profile(micro, [StepSample(graphs[r["model"]], VALIDATION_MESH, r["layout"], r["measured_s"])
                                    for r in fit_half])
@@ -288,12 +308,13 @@ def ranking_experiment(layouts_per_model: int = LAYOUTS_PER_MODEL, rounds: int =
             "placeholder_ms": predict(g, VALIDATION_MESH, r["layout"], hardware="cpu").time_s * 1e3,
             "measured_ms": r["measured_s"] * 1e3, "spread_ms": r["spread_s"] * 1e3,
             "fit_measured_ms": r.get("fit_measured_s", math.nan) * 1e3,
+            "confirmed_ms": r.get("confirmed_s", math.nan) * 1e3,
             "collectives_match": bool(ex.collectives_match), "collectives": len(ex.compiled_collectives),
             "max_abs_error": ex.max_abs_error})
     return {"rows": rows, "micro": micro, "fit": fit, "search_fit": search_fit, "calib_s": calib_s,
             "rounds": rounds, "seed": seed,
             "total_s": time.perf_counter() - t0, "devices": len(devices), "verified": verified,
-            "verify_k": verify_k}
+            "verify_k": verify_k, "confirm_rounds": CONFIRM_FACTOR * rounds}
 
 
 def _canonical(layout: Any) -> Any:
@@ -306,7 +327,10 @@ def ranking_stats(df: Any) -> Any:
     half + searched) with the refitted, micro-benchmarked and placeholder profiles; the
     searched layout's measured rank among every layout of its model, and how much slower
     it ran than the fastest; the same for the verified layout (``verify=k``: the measured
-    fastest of the search's ``k`` best predicted) where the run has one."""
+    fastest of the search's ``k`` best predicted) where the run has one. The rank is the
+    final round's; the gap is the re-timing's (``confirmed_ms``, :func:`ranking_experiment`
+    step 6) where both layouts have one, else the final round's, which is also kept
+    (``*_gap_final``)."""
     import pandas as pd
 
     out = []
@@ -321,14 +345,19 @@ def ranking_stats(df: Any) -> Any:
                "median_abs_error_placeholder": err("placeholder_ms"),
                "collectives_match": f"{int(part.collectives_match.sum())}/{len(part)}",
                "max_abs_error": float(part.max_abs_error.max()), "fastest_measured": part.loc[part.measured_ms.idxmin(), "layout"],
-               "searched_rank": math.nan, "searched_gap": math.nan, "verified_rank": math.nan,
-               "verified_gap": math.nan}
+               **{f"{flag}_{what}": math.nan for flag in ("searched", "verified")
+                  for what in ("rank", "gap", "gap_final")}}
+        fastest = part.loc[part.measured_ms.idxmin()]
         for flag in ("searched", "verified"):
             s = part[part[flag]] if flag in part else part.iloc[:0]
             if name != "all" and len(s):
                 m = float(s.measured_ms.iloc[0])
                 row[f"{flag}_rank"] = int((part.measured_ms < m).sum()) + 1
-                row[f"{flag}_gap"] = m / float(part.measured_ms.min()) - 1
+                row[f"{flag}_gap_final"] = row[f"{flag}_gap"] = m / float(fastest.measured_ms) - 1
+                again = float(s.confirmed_ms.iloc[0]) if "confirmed_ms" in s else math.nan
+                best = float(fastest.confirmed_ms) if "confirmed_ms" in part else math.nan
+                if again == again and best == best:
+                    row[f"{flag}_gap"] = again / best - 1
         out.append(row)
     return pd.DataFrame(out)
 
@@ -366,8 +395,8 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
     k = res["verify_k"]
     verify_text = (
         f" Measure in the loop, `search(..., verify={k})` (the measured fastest of the search's {k} best predicted "
-        f"layouts, from its own {res['rounds']} interleaved rounds; the figure here is the final round's, as for "
-        "every layout), ran " + ", ".join(f"{r.model} {r.verified_gap:+.0%}" for r in per.itertuples())
+        f"layouts, from its own {res['rounds']} interleaved rounds; the figure here is re-timed like the searched "
+        "layout's), ran " + ", ".join(f"{r.model} {r.verified_gap:+.0%}" for r in per.itertuples())
         + " slower than the fastest (not a target: it measures, the model-only search does not)."
         if k else "")
     intro = (
@@ -391,7 +420,11 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
         + f" (target <= {TARGETS['median_abs_error']:.0%}: {'met' if met['median_abs_error'] else 'not met'}); "
         f"the searched layout ran "
         + ", ".join(f"{r.model} {r.searched_gap:+.0%}" for r in per.itertuples())
-        + f" slower than the fastest measured layout of its model (target <= {TARGETS['searched_gap']:.0%}: "
+        + f" slower than the fastest measured layout of its model, re-timed against it head to head "
+        f"({res['confirm_rounds']} interleaved steps each: the fastest of {len(df) // len(per)} or so noisy medians "
+        "is biased low; the final round alone gave "
+        + ", ".join(f"{r.model} {r.searched_gap_final:+.0%}" for r in per.itertuples())
+        + f") (target <= {TARGETS['searched_gap']:.0%}: "
         f"{'met' if met['searched_gap'] else 'not met'}; never the slowest: "
         f"{'met' if met['searched_not_slowest'] else 'not met'})." + verify_text
         + " With the micro-benchmarked profile alone the held-out "
@@ -410,9 +443,12 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
                    "median abs error (refitted)": [f"{v:.0%}" for v in st.median_abs_error],
                    "median abs error (micro)": [f"{v:.0%}" for v in st.median_abs_error_micro],
                    "searched: measured rank": [_rank(r) for r in st.searched_rank],
-                   "searched vs fastest": ["" if v != v else f"{v:+.0%}" for v in st.searched_gap],
+                   "searched vs fastest (re-timed)": ["" if v != v else f"{v:+.0%}" for v in st.searched_gap],
+                   "searched vs fastest (final round)": ["" if v != v else f"{v:+.0%}"
+                                                         for v in st.searched_gap_final],
                    **({f"verify={k}: measured rank": [_rank(r) for r in st.verified_rank],
-                       f"verify={k} vs fastest": ["" if v != v else f"{v:+.0%}" for v in st.verified_gap]}
+                       f"verify={k} vs fastest (re-timed)": ["" if v != v else f"{v:+.0%}"
+                                                             for v in st.verified_gap]}
                       if k else {}),
                    "collectives match": st.collectives_match}))
     if k:
@@ -439,7 +475,8 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
                    f"for the predictions), *held-out*, *searched* and *verified* ones did not. *Predicted* uses the "
                    f"final-round refit (`search_profile_ms` in the CSV: the first-round one), *micro* the micro-benchmarked "
                    f"one, *placeholder* the built-in cpu profile; *measured* is the median of {res['rounds']} "
-                   "interleaved steps (*spread* = slowest - fastest shows the noise of the shared cores). "
+                   "interleaved steps (*spread* = slowest - fastest shows the noise of the shared cores; `confirmed_ms` in the "
+                   "CSV: the head-to-head re-timing of the searched, verified and fastest layouts). "
                    "`layouts.csv` has every column.")
     page.table(df, "layouts", "Predicted vs measured per layout",
                display=pd.DataFrame({
@@ -470,6 +507,8 @@ def validation_report(out: Path, layouts_per_model: int = LAYOUTS_PER_MODEL, rou
                     "spearman_micro": {r.model: float(r.spearman_micro) for r in st.itertuples()},
                     "median_abs_error_micro": {r.model: float(r.median_abs_error_micro) for r in st.itertuples()},
                     "searched_gap": {r.model: float(r.searched_gap) for r in per.itertuples()},
+                    "searched_gap_final_round": {r.model: float(r.searched_gap_final) for r in per.itertuples()},
+                    "confirm_rounds": res["confirm_rounds"],
                     "searched_rank": {r.model: float(r.searched_rank) for r in per.itertuples()},
                     "verify_k": k, "verified_gap": {r.model: float(r.verified_gap) for r in per.itertuples()},
                     "topology": fit.link.topology,
