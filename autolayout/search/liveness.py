@@ -61,7 +61,9 @@ for every layout; ``tests/test_search.py`` checks this against the cost model.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
@@ -82,7 +84,7 @@ __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "
            "reduces_gradient", "transient", "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
-           "is_recomputed", "recomputed_of"]
+           "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind"]
 
 _TRANSIENT = "\x00transient:"
 _HELD = "\x00held:"
@@ -223,6 +225,57 @@ def recomputed_of(name: str) -> tuple[str, str]:
     return _parts(_RECOMPUTED, name)
 
 
+@dataclass(frozen=True)
+class SpanKind:
+    """A kind of buffer that lives over a span of schedule positions, beside the tensors: one
+    row of :data:`SPAN_KINDS`, which the live sets (:func:`live_points`), a layout's sizes
+    (``search.warm.sizes_of``) and the memory rows (``LayoutModel.memory_expr``) all read, as
+    ``costmodel.memory._spans`` does for ``predict``.
+
+    ``spans(graph, early)``: per computation, ``(a, b, start, stop)`` (the cost model's own
+    function); ``key(a, b)``: the two parts a live-set name is made of; ``name(x, y)``: that
+    name; ``parts(name)``: its ``(x, y)``; ``nbytes(tables, x, y)``: ``(dims, bytes per
+    assignment of dims)`` from ``search.tables.Tables``; ``prefix``: what its names start with."""
+
+    spans: Callable[[Graph, bool], Mapping[str | None, tuple]]
+    key: Callable[[Any, Any], tuple]
+    name: Callable[[Any, Any], str]
+    parts: Callable[[str], tuple]
+    nbytes: Callable[[Any, Any, Any], tuple]
+    prefix: str
+
+    def names(self, graph: Graph, early: bool) -> dict[str | None, list[tuple[str, int, int]]]:
+        """Per computation, ``(name, start, stop)`` of each span of ``graph``."""
+        out: dict[str | None, list[tuple[str, int, int]]] = {}
+        for loop, members in self.spans(graph, early).items():
+            out.setdefault(loop, []).extend((self.name(*self.key(a, b)), start, stop) for a, b, start, stop in members)
+        return out
+
+
+SPAN_KINDS: tuple[SpanKind, ...] = (
+    # a dot operand copy, live from the operand's producer to its dot
+    SpanKind(lambda g, early: copy_spans(g), lambda op, k: (op, k), copy,
+             lambda n: (op_of(n), copy_operand(n)), lambda t, op, k: t.copy_bytes(t.graph.op(op), k), _COPY),
+    # a conversion later readers share, live from where it runs to the last of them
+    SpanKind(shared_spans, lambda op, tensor: (op, tensor), gathered, lambda n: (op_of(n), gathered_tensor(n)),
+             lambda t, op, tensor: t.gathered_bytes(t.graph.op(op), tensor), _GATHERED),
+    # an operand kept alive by renames that are bitcasts (the first rename's layout decides)
+    SpanKind(lambda g, early: kept_spans(g), lambda src, renames: (src, renames[0]), kept, lambda n: kept_of(n),
+             lambda t, src, rename: t.kept_bytes(src, rename), _KEPT),
+    # a broadcast XLA writes, at its reader's shape
+    SpanKind(lambda g, early: broadcast_spans(g), lambda value, reader: (value, reader), broadcast,
+             lambda n: broadcast_of(n), lambda t, value, reader: t.broadcast_bytes(reader), _BROADCAST),
+    # a source kept alive for a value the layout recomputes from it
+    SpanKind(lambda g, early: recomputed_spans(g), lambda source, value: (source, value), recomputed,
+             lambda n: recomputed_of(n), lambda t, source, value: t.recomputed_bytes(source, value), _RECOMPUTED),
+)
+
+
+def span_kind(name: str) -> SpanKind | None:
+    """The :data:`SPAN_KINDS` row whose live-set names ``name`` is one of, else None."""
+    return next((k for k in SPAN_KINDS if name.startswith(k.prefix)), None)
+
+
 def combined(member: str, last: str) -> str:
     """The name under which the live set of ``last``'s point lists the partial sums ``member``
     holds there when a layout combines their all-reduces (``costmodel.combine``)."""
@@ -326,11 +379,6 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False, unreduced:
 def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     gradients = combined_reductions(graph) if combines else {}
     points_after = combined_point(graph) if combines else {}
-    spans = copy_spans(graph)
-    shared = shared_spans(graph, early)
-    renamed = kept_spans(graph)
-    broadcasts = broadcast_spans(graph)
-    kept_for = recomputed_spans(graph)
     split = split_reductions(graph)
     moved = collective_points(graph)
     late: dict[tuple[str | None, int], list[tuple[str, tuple[str, ...]]]] = {}  # collectives run after a later unit
@@ -353,10 +401,9 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
             points.append(key)
 
     named: dict[str | None, list[tuple[str, int, int]]] = {}  # per computation: (name, start, stop) of each span
-    for group, name in ((spans, copy), (shared, gathered), (renamed, lambda src, rs: kept(src, rs[0])),
-                        (broadcasts, broadcast), (kept_for, recomputed)):
-        for loop, members in group.items():
-            named.setdefault(loop, []).extend((name(a, b), start, stop) for a, b, start, stop in members)
+    for kind in SPAN_KINDS:
+        for loop, members in kind.names(graph, early).items():
+            named.setdefault(loop, []).extend(members)
 
     def copies_at(loop: str | None, i: int, ending: bool = True) -> tuple[str, ...]:
         return tuple(n for n, start, stop in named.get(loop, ()) if start <= i <= stop and (ending or stop > i))

@@ -45,9 +45,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import (copy_operand, gathered_tensor, is_combined, is_copy, is_gathered, is_held,
-                                       broadcast_of, is_broadcast, is_kept, is_partial, is_recomputed, is_result,
-                                       is_transient, kept_of, op_of, recomputed_of)
+from autolayout.search.liveness import is_combined, is_held, is_partial, is_result, is_transient, op_of, span_kind
 from autolayout.search.orders import enforce
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
@@ -357,16 +355,8 @@ class LayoutModel:
                 dims, _, vec = tables.phase_bytes(graph.op(op_of(n)))
             elif is_held(n):  # bytes a gradient-reducing op holds until the combined reduction
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
-            elif is_copy(n):  # a dot operand copy live before its dot
-                dims, vec = tables.copy_bytes(graph.op(op_of(n)), copy_operand(n))
-            elif is_gathered(n):  # a conversion later readers share, live from its op to the last
-                dims, vec = tables.gathered_bytes(graph.op(op_of(n)), gathered_tensor(n))
-            elif is_broadcast(n):  # a broadcast XLA writes, at its reader's shape
-                dims, vec = tables.broadcast_bytes(broadcast_of(n)[1])
-            elif is_recomputed(n):  # a source kept alive for a value the layout recomputes from it
-                dims, vec = tables.recomputed_bytes(*recomputed_of(n))
-            elif is_kept(n):  # an operand kept alive by renames that are bitcasts
-                dims, vec = tables.kept_bytes(*kept_of(n))
+            elif (kind := span_kind(n)) is not None:  # a buffer live over a span (liveness.SPAN_KINDS)
+                dims, vec = kind.nbytes(tables, *kind.parts(n))
             elif is_combined(n):  # held for a combined all-reduce: layout-dependent, 0 in the rows
                 continue
             else:

@@ -7,15 +7,10 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.combine import combined_all_reduces, held_pairs
-from autolayout.costmodel.bitcasts import kept_spans
-from autolayout.costmodel.broadcasts import broadcast_spans
-from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.plan import SOURCES, plan
-from autolayout.costmodel.recomputed import recomputed_spans
-from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.phases import phased_reductions
-from autolayout.search.liveness import (broadcast, combined, copy, gathered, held, indices_of, kept, partial, peak_of,
-                                        recomputed, reduces_gradient, result, total_at, transient)
+from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, partial, peak_of, reduces_gradient,
+                                        result, total_at, transient)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -39,27 +34,14 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         dims, part, res = tables.phase_bytes(tables.graph.op(name))
         k = tables.restrict(point.axes_of, dims)
         sizes[partial(name)], sizes[result(name)] = int(part[k]), int(res[k])
-    for spans in copy_spans(tables.graph).values():  # dot operand copies live before their dot
-        for n, k, _, _ in spans:
-            dims, vec = tables.copy_bytes(tables.graph.op(n), k)
-            sizes[copy(n, k)] = int(vec[tables.restrict(point.axes_of, dims)])
-    for spans in shared_reads(tables.graph)[1].values():  # conversions later readers share
-        for n, t, _, _ in spans:
-            dims, vec = tables.gathered_bytes(tables.graph.op(n), t)
-            sizes[gathered(n, t)] = int(vec[tables.restrict(point.axes_of, dims)])
-    for graph in (tables.graph, tables.unreduced):  # operands kept alive by renames that are bitcasts
-        for spans in kept_spans(graph).values():
-            for src, rs, _, _ in spans:
-                dims, vec = tables.kept_bytes(src, rs[0])
-                sizes[kept(src, rs[0])] = int(vec[tables.restrict(point.axes_of, dims)])
-        for spans in recomputed_spans(graph).values():  # sources of values the layout recomputes
-            for src, v, _, _ in spans:
-                dims, vec = tables.recomputed_bytes(src, v)
-                sizes[recomputed(src, v)] = int(vec[tables.restrict(point.axes_of, dims)])
-        for spans in broadcast_spans(graph).values():  # broadcasts XLA writes (costmodel/broadcasts.py)
-            for v, r, _, _ in spans:
-                dims, vec = tables.broadcast_bytes(r)
-                sizes[broadcast(v, r)] = int(vec[tables.restrict(point.axes_of, dims)])
+    early = tables.hw.breadth_first_schedule
+    for kind in SPAN_KINDS:  # buffers live over a span, in both orders' graphs
+        for graph in (tables.graph, tables.unreduced):
+            for members in kind.spans(graph, early).values():
+                for a, b, _, _ in members:
+                    x, y = kind.key(a, b)
+                    dims, vec = kind.nbytes(tables, x, y)
+                    sizes[kind.name(x, y)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         for n, b in wus[k].options[j].dbytes.items():
             sizes[n] = sizes.get(n, 0) + b
