@@ -34,7 +34,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
-from autolayout.costmodel.lifetimes import body_lifetimes, last_read_at, last_reads, lifetimes
+from autolayout.costmodel.lifetimes import freed_at
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
@@ -98,13 +98,8 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
 def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]]:
     """Per computation of :func:`combined_reductions`, ``(position, freed)``: the reduction runs
     right after the unit at ``position``, which has freed the tensors it read for the last time
-    (``freed``: ``lifetimes.last_reads``, as ``phases.split_reductions`` lists an op's)."""
-    units, alloc, free = lifetimes(graph)
-    out = {}
-    for loop, (at, _) in combined_reductions(graph).items():
-        out[loop] = (at, last_reads(alloc, free, at, last_read_at(graph)) if loop is None
-                     else last_reads(*body_lifetimes(graph, graph.loops[loop]), at, last_read_at(graph, loop)))
-    return out
+    (``freed``: ``lifetimes.freed_at``, as ``phases.split_reductions`` lists an op's)."""
+    return {loop: (at, freed_at(graph, loop, at)) for loop, (at, _) in combined_reductions(graph).items()}
 
 
 def gradient_bytes(ops: tuple[str, ...], held: Mapping[str, int], partials: Mapping[str, int]) -> tuple[int, ...]:

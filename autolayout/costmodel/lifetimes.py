@@ -15,7 +15,7 @@ from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "computations", "last_reads", "last_read_at", "schedule_points",
+__all__ = ["lifetimes", "body_lifetimes", "computations", "last_reads", "freed_at", "last_read_at", "schedule_points",
            "readers_of", "in_place_operand", "loop_state_chain"]
 
 
@@ -93,6 +93,29 @@ def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int,
     state it becomes) ends one unit before that reader but is not freed: its bytes live on as the
     taker's, so the unit before does not free them."""
     return tuple(m for m in alloc if free[m] == i and alloc[m] < i and read.get(m) == i)
+
+
+def freed_at(graph: Graph, loop: str | None, i: int) -> tuple[str, ...]:
+    """:func:`last_reads` of the unit at position ``i`` of a computation (``loop``: ``None`` for
+    the top level, a scan's name for its body), with that computation's own lifetimes and last
+    readers: the one place that picks them (``phases.split_reductions`` and
+    ``phases.collective_points``, ``gradients.combined_point``)."""
+    return _freed(graph, loop).get(i, ())
+
+
+@lru_cache(maxsize=256)
+def _freed(graph: Graph, loop: str | None) -> Mapping[int, tuple[str, ...]]:
+    """:func:`freed_at` for every position of one computation at once."""
+    if loop is None:
+        _, alloc, free = lifetimes(graph)
+    else:
+        alloc, free = body_lifetimes(graph, graph.loops[loop])
+    read = last_read_at(graph, loop)
+    out: dict[int, list[str]] = {}
+    for m in alloc:  # as last_reads: last live and last read at free[m], allocated before it
+        if alloc[m] < free[m] and read.get(m) == free[m]:
+            out.setdefault(free[m], []).append(m)
+    return MappingProxyType({i: tuple(ms) for i, ms in out.items()})
 
 
 @lru_cache(maxsize=256)

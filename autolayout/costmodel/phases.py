@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.costmodel.gradients import combined_reductions, deferred_reductions
-from autolayout.costmodel.lifetimes import body_lifetimes, last_read_at, last_reads, lifetimes
+from autolayout.costmodel.lifetimes import freed_at, lifetimes
 from autolayout.graph import Graph, Loop
 
 __all__ = ["split_reductions", "phased_reductions", "collective_points", "after_points", "after_bytes", "Phases"]
@@ -60,16 +60,15 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
         return (op.kind in ("einsum", "reduce") and op.materialised and n not in donated and n not in gradient
                 and op.output.role not in ("input", "param", "opt_state"))
 
-    units, alloc, free = lifetimes(graph)
+    units, alloc, _ = lifetimes(graph)
     out: dict[str, tuple[str, ...]] = {}
     for i, u in enumerate(units):
         if isinstance(u, Loop):
-            order, last = body_lifetimes(graph, u)
             for j, n in enumerate(u.body):
                 if listed(n):
-                    out[n] = last_reads(order, last, j, last_read_at(graph, u.name))
+                    out[n] = freed_at(graph, u.name, j)
         elif listed(u) and u in alloc:
-            out[u] = last_reads(alloc, free, i, last_read_at(graph))
+            out[u] = freed_at(graph, None, i)
     return MappingProxyType(out)
 
 
@@ -94,20 +93,14 @@ def collective_points(graph: Graph) -> Mapping[str, tuple[str | None, int, tuple
     out: dict[str, tuple[str | None, int, tuple[str, ...]]] = {}
     if not moved:
         return MappingProxyType(out)
-    units, alloc, free = lifetimes(graph)
+    units, _, _ = lifetimes(graph)
     top = {(u.name if isinstance(u, Loop) else u): i for i, u in enumerate(units)}
     for op, unit in moved.items():
         if op not in split:
             continue
         loop = graph.op(op).loop
-        if loop is None:
-            k = top[unit]
-            out[op] = (None, k, last_reads(alloc, free, k, last_read_at(graph)))
-        else:
-            lp = graph.loops[loop]
-            order, last = body_lifetimes(graph, lp)
-            k = lp.body.index(unit)
-            out[op] = (loop, k, last_reads(order, last, k, last_read_at(graph, loop)))
+        k = top[unit] if loop is None else graph.loops[loop].body.index(unit)
+        out[op] = (loop, k, freed_at(graph, loop, k))
     return MappingProxyType(out)
 
 
