@@ -155,3 +155,44 @@ def test_output_row_admits_every_layout_within_its_limit():
             lm.add_output_row(points[i], temps, free, live)
             cut += not _feasible(lm, axes_of)
     assert checked > 20 and placed > 0 and cut > 0  # some temporaries fit the output allocation
+
+
+def test_transient_buffers_are_placed_apart():
+    """The Flax top-2 MoE step with optax adamw (examples/top2_moe.py, as benchmarks/memory_vs_xla.py
+    builds it), not donating its state, under ``embed:data;batch:model``: at the model's peak a dot runs
+    holding its partial sums and a copy of one operand (``OpCost.running_parts`` and the copy at the
+    dot) while the new weights' and optimizer moments' output allocations are not yet written. XLA
+    allocates each buffer on its own and puts every temporary of this step in an output allocation
+    (its temp heap is under 2 KiB), so its ``memory_analysis`` is the arguments and outputs; the
+    prediction is within 1% of it, where the running op's bytes as one buffer fit no allocation and
+    put the peak over XLA's by more than 10%. The search's peak for the layout and every storage
+    variant of it is ``predict``'s (the parts are sizes of their own, ``liveness.transient_part``)."""
+    import sys
+    from pathlib import Path
+
+    from autolayout.core import Layout, Mesh
+    from autolayout.exec import execute
+    from autolayout.search.liveness import is_transient_part
+    from autolayout.search.solver import search_points
+    from autolayout.search.tables import Tables
+    from autolayout.search.warm import sizes_of
+    from autolayout.search.wus import wus_options
+    from storage_variants import search_peaks, storage_variants
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import memory_vs_xla as bench
+
+    g, args = bench.CASES["top2_moe"][0]()
+    layout, mesh = Layout.parse("embed:data;batch:model"), Mesh.parse(bench.MESH)
+    ex = execute(g, mesh, layout, args=args, repeats=1, reference=False, compiler_options=bench.FAST)
+    xla = ex.xla_memory
+    assert xla["temp"] < 2 * KIB and xla["alias"] == 0
+    total = xla["argument"] + xla["output"] + xla["temp"]
+    assert abs(ex.predicted.memory_bytes / total - 1) < 0.01, (ex.predicted.memory_bytes, xla)
+    search_peaks(g, mesh, CPU, [layout])
+    tables = Tables(g, mesh, CPU)
+    wus, _ = wus_options(tables)
+    (_, point), = [(lw, pt) for lw, pt in storage_variants(tables, wus, layout) if str(lw) == str(layout)]
+    sizes = sizes_of(tables, wus, point)
+    whole = {n: b for n, b in sizes.items() if not is_transient_part(n)}  # each op's transient as one buffer
+    assert peak_of(search_points(tables), whole)[0] / total > 1.10

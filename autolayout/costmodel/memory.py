@@ -260,7 +260,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 groups: Mapping[str | None, tuple] | None = None,
                 partials: Mapping[str, int] | None = None, combines: bool = False,
                 kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None,
-                recomputed: Mapping[tuple[str, str], int] | None = None) -> tuple[int, dict]:
+                recomputed: Mapping[tuple[str, str], int] | None = None,
+                temp_parts: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -290,7 +291,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     bytes of the broadcast of a value XLA writes to memory (``broadcasts.broadcast_spans``, as
     ``activations``). ``recomputed[source, value]``: the bytes of a source kept alive past its own
     last reader because ``value`` is recomputed from it (``recomputed.recomputed_spans``, as
-    ``activations``; 0 where the layout writes the value)."""
+    ``activations``; 0 where the layout writes the value). ``temp_parts[op]``: the buffers
+    ``temps[op]`` is made of (``OpCost.running_parts`` and the operand copies at the dot), each
+    placed on its own in an output allocation not yet written (:func:`_output_peak`)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
@@ -308,7 +311,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                          {loop: (*points[loop], gradient_bytes(ops, held, partials or {}))
                           for loop, (_, ops) in combined_reductions(graph).items() if loop in points})
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
-                         phases, after)  # outputs allocated for the whole call
+                         phases, after, temp_parts or {})  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None, ()), units, held)
@@ -430,7 +433,7 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
                  spans: Mapping[str | None, list], combined: Mapping, phases: Phases,
-                 after: Mapping) -> tuple[int, dict] | None:
+                 after: Mapping, temp_parts: Mapping[str, tuple[int, ...]]) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
@@ -439,6 +442,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     the outputs not yet written there (``combined``: the combined all-reduces' groups; ``after``:
     the points right after a unit, ``phases.after_points``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
+    A running op's transient bytes are the buffers of ``temp_parts[op]``, placed one by one.
     None when no output takes bytes of its own."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
@@ -456,6 +460,15 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         if best is None or total > best[0]:
             best = (total, names, extras, free_outs, buffers)
 
+    def running(op: str | None) -> list[tuple[str, int]]:  # the op's transient bytes, buffer by buffer
+        parts = temp_parts.get(op)
+        if parts is None:
+            return [("transient", temps.get(op, 0))]
+        if sum(parts) != temps.get(op, 0):
+            raise ValueError(f"peak_memory: the transient buffers of {op!r} {parts} do not add up to its "
+                             f"transient bytes {temps.get(op, 0)}")
+        return [("transient", b) for b in parts if b]
+
     for i, loop, j, op, live in schedule_points(graph):
         top = _copies_at(spans.get(None, ()), i)
         if loop is not None and op is None:  # an empty body
@@ -465,10 +478,10 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         held_here = _held_at(combined.get(loop, ()), units if loop is None else body, i if loop is None else j, held)
         own = () if loop is None else _copies_at(spans.get(loop, ()), j)
         if phases.listed(op):  # the contraction's phase: its output as a temporary, an output's allocation unwritten
-            point(i, [n for n in live if n != op], [("result:" + op, phases.result(op)), ("transient", temps.get(op, 0))]
+            point(i, [n for n in live if n != op], [("result:" + op, phases.result(op))] + running(op)
                   + ([] if op in phases.split else held_here) + top + list(own), op)
         else:
-            point(i, list(live), [("transient", temps.get(op, 0))] + held_here + top + list(own))
+            point(i, list(live), running(op) + held_here + top + list(own))
         if op in phases.split and op not in phases.moved:  # the collective's phase of a split reduction (Phases)
             gone = set(phases.split[op])
             if loop is None:

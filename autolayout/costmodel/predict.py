@@ -128,6 +128,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     overlap = overlappable(graph, hw)
     rows, colls = [], []
     temps: dict[str, int] = {}
+    temp_parts: dict[str, tuple[int, ...]] = {}  # the buffers temps[op] is made of
     held: dict[str, int] = {}
     partials: dict[str, int] = {}  # the reductions' part of temps (phases.split_reductions)
     copies: dict[str, tuple[int, ...]] = {}
@@ -143,6 +144,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
         own = oc.running_bytes(op.name in phased)
         if own or extra:
             temps[op.name] = own + extra
+            temp_parts[op.name] = oc.running_parts(op.name in phased) + (extra,)
         if oc.held_bytes:
             held[op.name] = oc.held_bytes
         if oc.partial_bytes:
@@ -193,7 +195,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
                                      combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
-                                     recomputed=recomputed)
+                                     recomputed=recomputed, temp_parts=temp_parts)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

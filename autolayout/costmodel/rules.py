@@ -102,6 +102,9 @@ class OpCost:
     # the part of transient_bytes the op holds while its contraction runs, without a reduce-scatter's
     # relayout copy (:func:`~autolayout.costmodel.memory.contraction_bytes`)
     contraction_bytes: int = 0
+    # the part of transient_bytes and contraction_bytes that are inputs the plan converts for the
+    # op (``OpPlan.temp_bytes``: gathered weights, resharded operands)
+    converted_bytes: int = 0
 
     def running_bytes(self, phased: bool) -> int:
         """The bytes the op holds where it runs: :attr:`transient_bytes`, or for an op the memory
@@ -109,6 +112,16 @@ class OpCost:
         whose collective holds :attr:`partial_bytes`) :attr:`contraction_bytes`. ``predict``, the
         search's tables and its storage options' byte deltas all take this."""
         return self.contraction_bytes if phased else self.transient_bytes
+
+    def running_parts(self, phased: bool) -> tuple[int, int, int]:
+        """:meth:`running_bytes` as the buffers it is made of: the inputs converted for the op,
+        its partial sums, and (where not ``phased``) XLA:CPU's relayout copy of them before a
+        reduce-scatter (:func:`~autolayout.costmodel.memory.transient_bytes`). They sum to
+        :meth:`running_bytes`. XLA allocates each on its own, so an output allocation not yet
+        written can hold one but not their sum (``outputs.unplaced_output_bytes``); converted
+        inputs count as one buffer (a bound: an op converting several has several)."""
+        partial = self.contraction_bytes - self.converted_bytes
+        return (self.converted_bytes, partial, self.running_bytes(phased) - self.converted_bytes - partial)
 
     @property
     def time_s(self) -> float:
@@ -184,7 +197,7 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
                   transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,
                   tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else (),
-                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw))
+                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw), int(p.temp_bytes))
 
 
 def _sizes(op: Op) -> dict[str, int]:

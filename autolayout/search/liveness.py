@@ -81,12 +81,14 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
-           "reduces_gradient", "transient", "is_transient", "held", "is_held", "partial", "is_partial", "result", "is_result",
+           "reduces_gradient", "transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS", "held", "is_held",
+           "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
            "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind"]
 
 _TRANSIENT = "\x00transient:"
+_TRANSIENT_PART = "\x00transient-part:"
 _HELD = "\x00held:"
 _COPY = "\x00copy:"
 _GATHERED = "\x00gathered:"
@@ -107,6 +109,20 @@ def transient(op: str) -> str:
 
 def is_transient(name: str) -> bool:
     return name.startswith(_TRANSIENT)
+
+
+TRANSIENT_PARTS = 4  # OpCost.running_parts and the operand copies at the dot
+
+
+def is_transient_part(name: str) -> bool:
+    return name.startswith(_TRANSIENT_PART)
+
+
+def transient_part(op: str, k: int) -> str:
+    """The name under which a layout's sizes (``search.warm.sizes_of``) list buffer ``k`` of
+    :func:`transient` ``op`` (``Tables.transient_parts``): not a name of the live sets, whose
+    sums take the whole; :func:`total_at` places each part in an output allocation on its own."""
+    return f"{_TRANSIENT_PART}{k}:{op}"
 
 
 def partial(op: str) -> str:
@@ -473,8 +489,27 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
         temps, free = points.split()[i]
         free_bytes = [size.get(o, 0) for o in free]
         if any(free_bytes):
-            total += unplaced_output_bytes([size.get(n, 0) for n in temps], free_bytes)
+            total += unplaced_output_bytes([b for n in temps for b in _buffers(n, size)], free_bytes)
     return total
+
+
+def _buffers(name: str, size: Mapping[str, int]) -> list[int]:
+    """The buffers a live name's bytes are: a :func:`transient`'s parts where ``size`` lists them
+    (:func:`transient_part`), else its bytes as one.
+
+    Raises:
+        ValueError: the parts do not add up to the transient's bytes."""
+    if not is_transient(name):
+        return [size.get(name, 0)]
+    op = op_of(name)
+    names = [transient_part(op, k) for k in range(TRANSIENT_PARTS)]
+    if not any(n in size for n in names):
+        return [size.get(name, 0)]
+    parts = [size.get(n, 0) for n in names]
+    if sum(parts) != size.get(name, 0):
+        raise ValueError(f"peak_of: the transient buffers of {op!r} {parts} do not add up to its transient "
+                         f"bytes {size.get(name, 0)}")
+    return [b for b in parts if b]
 
 
 def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:

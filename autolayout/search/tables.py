@@ -115,6 +115,7 @@ class Tables:
         self.groups: dict[tuple[str, ...], Group] = {}
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
+        self._transient_sum: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         self._phases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
         self._bitcasts: dict[str, np.ndarray] = {}
@@ -244,6 +245,16 @@ class Tables:
         contraction's bytes for an op counted in phases; and the operand copies of a
         contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`, as ``predict``
         counts them) for each assignment of the group of its dims."""
+        hit = self._transient_sum.get(op.name)
+        if hit is None:
+            dims, parts = self.transient_parts(op)
+            hit = self._transient_sum[op.name] = (dims, parts.sum(axis=1))
+        return hit
+
+    def transient_parts(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: :meth:`transient_bytes` as the buffers it is made of, one row per
+        assignment of the group of its dims: ``OpCost.running_parts`` and the operand copies at
+        the dot, as ``predict`` places them in output allocations (``memory._output_peak``)."""
         dims = self.space.order(self.views.op(op))
         hit = self._transient.get(op.name)
         if hit is None:
@@ -251,8 +262,8 @@ class Tables:
             costs = [self.op_cost(op, dims, a) for a in g.assignments]
             phased = op.name in phased_reductions(self.graph, self.hw.combines_gradient_reductions)
             hit = self._transient[op.name] = np.array(
-                [oc.running_bytes(phased) + copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes)
-                 for oc in costs], dtype=np.int64)
+                [oc.running_parts(phased) + (copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes),)
+                 for oc in costs], dtype=np.int64).reshape(len(costs), 4)
         return dims, hit
 
     def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, partial, peak_of, reduces_gradient,
-                                        result, total_at, transient)
+                                        result, total_at, transient, transient_part)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -26,8 +26,11 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         dims, vec = tables.stored_bytes(t)
         sizes[t.name] = int(vec[tables.restrict(point.axes_of, dims)])
         if tables.graph.op(t.name).kind not in SOURCES:  # bytes the op holds while it runs
-            dims, vec = tables.transient_bytes(tables.graph.op(t.name))
-            sizes[transient(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
+            dims, parts = tables.transient_parts(tables.graph.op(t.name))
+            row = parts[tables.restrict(point.axes_of, dims)]
+            sizes[transient(t.name)] = int(row.sum())
+            for k, b in enumerate(row):  # the buffers it is made of (liveness.total_at places each)
+                sizes[transient_part(t.name, k)] = int(b)
             dims, vec = tables.held_bytes(tables.graph.op(t.name))
             sizes[held(t.name)] = int(vec[tables.restrict(point.axes_of, dims)])
     for name in sorted(phased_reductions(tables.graph, tables.hw.combines_gradient_reductions)):  # their phases
@@ -43,7 +46,8 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
                     dims, vec = kind.nbytes(tables, x, y)
                     sizes[kind.name(x, y)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
-        for n, b in wus[k].options[j].dbytes.items():
+        o = wus[k].options[j]
+        for n, b in (*o.dbytes.items(), *o.dparts.items()):
             sizes[n] = sizes.get(n, 0) + b
     sizes.update(_combined_sizes(tables, point, tables.graph if reduces_gradient(tables.graph, sizes)
                                  else tables.unreduced))

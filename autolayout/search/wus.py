@@ -44,7 +44,8 @@ from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import gathered, held as held_name, partial as partial_name, result as result_name, transient
+from autolayout.search.liveness import (gathered, held as held_name, partial as partial_name, result as result_name,
+                                       transient, transient_part)
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -59,6 +60,9 @@ class WusOption:
     dbytes: dict  # tensor name (or transient(op)) -> change of its local bytes
     stage: int = 1
     dover: dict = field(default_factory=dict)  # overlap domain -> change of (overlappable - compute)
+    # liveness.transient_part(op, k) -> change of that buffer of the op's transient bytes (their sum
+    # is dbytes[transient(op)]); sizes, not live-set names: search.warm.sizes_of applies them
+    dparts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -231,7 +235,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                 f = facts[id(sh)] = _facts(tables, sh, dims, pname)
             sharded = None
             dtime = 0.0
-            dbytes = {}
+            dbytes, dparts = {}, {}
             dover: dict[str, float] = {}
             for name, odims, static, mult, dom in f.ops:
                 key = (static, tuple(axes_of.get(d, ()) for d in odims))
@@ -255,16 +259,20 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     terms = {k[n:]: new[1].get(k, 0.0) - old[1].get(k, 0.0) for k in new[1].keys() | old[1].keys()}
                     hit = deltas[key] = deltas[canon] = (
                         new[0] - old[0], {k: v for k, v in terms.items() if v},
-                        {p: priced.running_bytes(p) - rules_alone.running_bytes(p) for p in (False, True)},
+                        {p: tuple(a - b for a, b in zip(priced.running_parts(p), rules_alone.running_parts(p)))
+                         for p in (False, True)},
                         priced.held_bytes - rules_alone.held_bytes,
                         _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
                         (priced.partial_bytes, rules_alone.partial_bytes))
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
-                own = hit[2][name in phased]  # OpCost.running_bytes
-                if own:
-                    dbytes[transient(name)] = own
+                own = hit[2][name in phased]  # OpCost.running_parts: the change of each buffer
+                if any(own):
+                    dbytes[transient(name)] = sum(own)
+                    for k, b in enumerate(own):
+                        if b:
+                            dparts[transient_part(name, k)] = b
                 if hit[3]:
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
@@ -286,11 +294,11 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                 if diff:
                     dbytes[n] = diff
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
-                   tuple(sorted((d, round(v, 15)) for d, v in dover.items())))
+                   tuple(sorted((d, round(v, 15)) for d, v in dover.items())), tuple(sorted(dparts.items())))
             if sig in seen and seen[sig][0] == U:
                 continue  # the same effect as a lower stage (e.g. no stacked gradient to defer)
             seen[sig] = (U, stage)
-            out.append((WusOption(index, U, dtime, dbytes, stage, dover), f.op_names))
+            out.append((WusOption(index, U, dtime, dbytes, stage, dover, dparts), f.op_names))
     return out
 
 
@@ -370,7 +378,7 @@ def wus_options(tables: Tables, deltas: dict | None = None) -> tuple[list[WusPar
             first = candidate_axes(tables, reduced_axes(tables, t.name, group.axes_of(res[0][0].index)))
             for o, _ in res:
                 U = cands[first.index(o.axes)]
-                options.append(WusOption(i, U, o.dtime, o.dbytes, o.stage, o.dover))
+                options.append(WusOption(i, U, o.dtime, o.dbytes, o.stage, o.dover, o.dparts))
         if options:
             out.append(WusParam(t.name, dims, options, ops))
     # parameters whose options touch a common op are not additive in predict: leave them out
