@@ -81,8 +81,8 @@ from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
-           "reduces_gradient", "transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS", "held", "is_held",
-           "partial", "is_partial", "result", "is_result",
+           "reduces_gradient", "transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS",
+           "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
            "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind"]
