@@ -15,7 +15,7 @@ from typing import Mapping
 
 from autolayout.graph import Graph, Loop
 
-__all__ = ["lifetimes", "body_lifetimes", "computations", "last_reads", "freed_at", "last_read_at", "schedule_points",
+__all__ = ["lifetimes", "body_lifetimes", "computations", "freed_at", "last_read_at", "schedule_points",
            "readers_of", "in_place_operand", "loop_state_chain"]
 
 
@@ -83,23 +83,16 @@ def computations(graph: Graph) -> tuple[Mapping[str, str | None], Mapping[str | 
     return MappingProxyType(loop_of), MappingProxyType(last)
 
 
-def last_reads(alloc: Mapping[str, int], free: Mapping[str, int], i: int,
-               read: Mapping[str, int]) -> tuple[str, ...]:
-    """The tensors the unit at position ``i`` reads for the last time, freed once it has run:
-    allocated before ``i``, last live there and last read there (``alloc``, ``free``:
-    :func:`lifetimes`' at the top level, :func:`body_lifetimes`' ``order`` and ``last`` in a scan's
-    body; ``read``: :func:`last_read_at` of the same computation). A tensor whose buffer the next
-    unit takes over (an element-wise op writing over it, :func:`in_place_operand`, or a loop whose
-    state it becomes) ends one unit before that reader but is not freed: its bytes live on as the
-    taker's, so the unit before does not free them."""
-    return tuple(m for m in alloc if free[m] == i and alloc[m] < i and read.get(m) == i)
-
-
 def freed_at(graph: Graph, loop: str | None, i: int) -> tuple[str, ...]:
-    """:func:`last_reads` of the unit at position ``i`` of a computation (``loop``: ``None`` for
-    the top level, a scan's name for its body), with that computation's own lifetimes and last
-    readers: the one place that picks them (``phases.split_reductions`` and
-    ``phases.collective_points``, ``gradients.combined_point``)."""
+    """The tensors the unit at position ``i`` of a computation (``loop``: ``None`` for the top
+    level, a scan's name for its body) reads for the last time, freed once it has run: allocated
+    before ``i``, last live there and last read there (that computation's own lifetimes,
+    :func:`lifetimes` or :func:`body_lifetimes`, and last readers, :func:`last_read_at`; the one
+    place that picks them, for ``phases.split_reductions``, ``phases.collective_points`` and
+    ``gradients.combined_point``). A tensor whose buffer the next unit takes over (an element-wise
+    op writing over it, :func:`in_place_operand`, or a loop whose state it becomes) ends one unit
+    before that reader but is not freed: its bytes live on as the taker's, so the unit before does
+    not free them."""
     return _freed(graph, loop).get(i, ())
 
 
@@ -112,7 +105,7 @@ def _freed(graph: Graph, loop: str | None) -> Mapping[int, tuple[str, ...]]:
         alloc, free = body_lifetimes(graph, graph.loops[loop])
     read = last_read_at(graph, loop)
     out: dict[int, list[str]] = {}
-    for m in alloc:  # as last_reads: last live and last read at free[m], allocated before it
+    for m in alloc:  # last live and last read at free[m], allocated before it
         if alloc[m] < free[m] and read.get(m) == free[m]:
             out.setdefault(free[m], []).append(m)
     return MappingProxyType({i: tuple(ms) for i, ms in out.items()})

@@ -41,6 +41,7 @@ from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.sharing import shared_providers, shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
+from autolayout.search.liveness import TRANSIENT_PARTS
 from autolayout.search.space import Assignment, Space
 
 __all__ = ["Group", "Tables", "share_bytes"]
@@ -263,7 +264,7 @@ class Tables:
             phased = op.name in phased_reductions(self.graph, self.hw.combines_gradient_reductions)
             hit = self._transient[op.name] = np.array(
                 [oc.running_parts(phased) + (copy_transient_bytes(self.graph, op.name, oc.operand_copy_bytes),)
-                 for oc in costs], dtype=np.int64).reshape(len(costs), 4)
+                 for oc in costs], dtype=np.int64).reshape(len(costs), TRANSIENT_PARTS)
         return dims, hit
 
     def phase_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
