@@ -435,7 +435,8 @@ class _Tracer(_AlongRules):
         if ctx[0] is not None:
             raise self.unsupported(eqn, "nested scans are not supported; unroll the inner loop")
         p = eqn.params
-        length, nc, ncar = int(p["length"]), p["num_consts"], p["num_carry"]
+        length = int(p["length"])
+        nc, ncar = scan_split(eqn)
         name = f"loop{len(self.loops)}"
         body_ctx = (name, ctx[1] * length)
         consts, init, xs = ins[:nc], ins[nc:nc + ncar], ins[nc + ncar:]
@@ -534,3 +535,34 @@ def _batch_attr(name: Any, slots: list) -> tuple:
     table (or scattered-into operand) and the index (size-1 ones have none)."""
     names = tuple(name(s) for s in slots if s is not None)
     return (("batch", names),) if names else ()
+
+
+def scan_split(eqn: Any) -> tuple[int, int]:
+    """``(consts, carries)``: how many of a ``scan`` equation's operands are loop constants and
+    how many are carries (the rest are the scanned ``xs``).
+
+    jax 0.10 states them as the ``num_consts`` and ``num_carry`` params; jax 0.11.2 (the
+    NVIDIA image of benchmarks/gpu_validate.py) has no ``num_consts``. Without them the split
+    is read off the shapes, which fix it: the operands are ``consts, carries, xs`` and the
+    results ``carries, ys``; a const or carry has the same shape outside the body as inside,
+    an ``x`` or ``y`` one more (leading) dim of the trip count. tests/test_trace.py checks the
+    shape rule against jax 0.10's params."""
+    p = eqn.params
+    if "num_consts" in p and "num_carry" in p:
+        return int(p["num_consts"]), int(p["num_carry"])
+    body = p["jaxpr"].jaxpr
+    length = int(p["length"])
+    same_in = [tuple(o.aval.shape) == tuple(i.aval.shape) for o, i in zip(eqn.invars, body.invars)]
+    same_out = [tuple(o.aval.shape) == tuple(i.aval.shape) for o, i in zip(eqn.outvars, body.outvars)]
+    ncar = int(p["num_carry"]) if "num_carry" in p else sum(same_out)
+    nxs = len(same_in) - sum(same_in)
+    nc = len(eqn.invars) - ncar - nxs
+    stacked = [tuple(o.aval.shape) == (length, *i.aval.shape) for o, i in zip(eqn.invars, body.invars)]
+    if (len(body.invars) != len(eqn.invars) or nc < 0 or not all(same_in[:nc + ncar])
+            or not all(stacked[nc + ncar:]) or not all(same_out[:ncar]) or any(same_out[ncar:])):
+        raise ValueError(
+            f"cannot tell a scan's constants, carries and scanned operands apart: its params are "
+            f"{sorted(p)} (no num_consts/num_carry) and its operand shapes "
+            f"{[tuple(v.aval.shape) for v in eqn.invars]} do not follow consts, carries, xs; "
+            "this jax version's scan is not supported, report it with the jax version")
+    return nc, ncar

@@ -493,3 +493,53 @@ def test_bit_operations_are_elementwise():
     g = trace(f, x, dims=("batch d",))
     assert {op.kind for op in g.ops()} == {"input", "elementwise"}
     np.testing.assert_array_equal(g.evaluate(x), f(x))
+
+
+def _scans(jaxpr):
+    """Every scan equation of a closed jaxpr, nested ones (in calls and scan bodies) too."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            yield eqn
+        for sub in eqn.params.values():
+            inner = getattr(sub, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                yield from _scans(inner)
+
+
+def _scan_programs():
+    w, xs, c = jnp.ones((3, 4)), jnp.ones((5, 3)), jnp.ones((3,))
+
+    def consts_carry_xs(w, xs, c):
+        return lax.scan(lambda h, x: (jnp.tanh(h @ w @ w.T + x), (h @ w).sum()), c, xs)
+
+    def carry_only(c):
+        return lax.scan(lambda h, _: (h * 2.0, None), c, None, length=5)
+
+    def xs_only(xs):
+        return lax.scan(lambda _, x: (None, x * 3.0), None, xs)
+
+    return [("consts-carry-xs", consts_carry_xs, (w, xs, c)), ("carry-only", carry_only, (c,)),
+            ("xs-only", xs_only, (xs,)),
+            ("zoo-llama-train", None, "llama"), ("zoo-transformer_lm-remat", None, "transformer_lm")]
+
+
+@pytest.mark.parametrize("drop", [("num_consts",), ("num_consts", "num_carry")], ids=["no-num_consts", "neither"])
+@pytest.mark.parametrize("name,fn,args", _scan_programs(), ids=[c[0] for c in _scan_programs()])
+def test_scan_split_from_shapes_matches_jax_params(name, fn, args, drop):
+    """jax 0.11.2 (the NVIDIA image) has no num_consts on scan: the split read off the shapes
+    must be the one jax 0.10 states in the params."""
+    from types import SimpleNamespace
+
+    from autolayout._interpret import scan_split
+
+    if fn is None:  # a zoo model's training step (transformer_lm with remat: scans in checkpoints)
+        g = zoo_cases.graph(args, **({"remat": True} if args == "transformer_lm" else {}))
+        from autolayout import models
+        fn, args = g.fn, models.example_args(g)
+    closed = jax.make_jaxpr(fn)(*args)
+    scans = list(_scans(closed.jaxpr))
+    assert scans, name
+    for eqn in scans:
+        params = {k: v for k, v in eqn.params.items() if k not in drop}
+        bare = SimpleNamespace(invars=eqn.invars, outvars=eqn.outvars, params=params)
+        assert scan_split(bare) == (eqn.params["num_consts"], eqn.params["num_carry"])
