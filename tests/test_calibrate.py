@@ -138,6 +138,27 @@ def test_fit_step_profile_recovers_a_known_profile():
     assert any("refitted to 7 measured steps" in s for s in fit.hardware.sources)
 
 
+def test_fit_step_profile_on_one_device_fits_compute_and_overhead_only():
+    """Steps on one device (no collective: benchmarks/gpu_validate.py on one GPU) made by a
+    known profile are fitted back to its compute scale and per-op overhead, on a profile that
+    overlaps collectives (the GPU ones); its links are kept, not fitted."""
+    base = get_hardware("h200").replace(fused_attention=False)
+    c, overhead = 1.3, 7e-6
+    truth = base.replace(peak_flops={k: v / c for k, v in base.peak_flops}, hbm_bandwidth=base.hbm_bandwidth / c,
+                         op_overhead_s=overhead)
+    graphs = [models.mlp(batch=64, d_io=32, d_hidden=128), models.mlp(batch=4096, d_io=1024, d_hidden=4096),
+              models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=1, vocab=32, batch=8, length=8),
+              models.transformer_lm(d_model=256, d_ff=1024, heads=4, d_kv=64, n_layers=2, vocab=512, batch=8,
+                                    length=128)]
+    samples = [StepSample(g, "d:1", None, predict(g, "d:1", None, hardware=truth).time_s) for g in graphs]
+    fit = fit_step_profile(base, samples)
+    assert math.isclose(fit.compute_scale, c, rel_tol=1e-6)
+    assert math.isclose(fit.op_overhead_s, overhead, rel_tol=1e-6)
+    assert fit.link == base.link and fit.hardware.async_collectives and fit.hardware.axis_links == base.axis_links
+    assert math.isclose(fit.hardware.peak("bfloat16"), base.peak("bfloat16") / c, rel_tol=1e-9)
+    assert any("without collectives" in s for s in fit.hardware.sources)
+
+
 def test_op_overhead_is_priced_once_per_executed_op():
     """``op_overhead_s`` adds to the step once per executed op: the MLP's ops counted by hand
     from its graph (every op but inputs, parameters, optimizer state and constants)."""

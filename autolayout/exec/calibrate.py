@@ -204,13 +204,10 @@ def step_terms(hardware: Hardware, samples: Sequence[StepSample]) -> np.ndarray:
     unit-latency link, then on a unit-inverse-bandwidth link, and with
     ``op_overhead_s`` 0 and 1 s), so that on a profile without overlap
     (``async_collectives=False``) ``time = c * compute + alpha * steps + bytes / B +
-    op_overhead_s * ops`` exactly."""
+    op_overhead_s * ops`` exactly. Steps without collectives (one device) are linear on any
+    profile; a profile with ``async_collectives`` is refused only where a sample has some."""
     from autolayout.costmodel.predict import predict
 
-    if hardware.async_collectives:
-        raise CalibrationError(f"fitting step times on {hardware.name!r}: it overlaps collectives with compute "
-                               "(async_collectives=True), so step time is not linear in the link figures; fit a "
-                               "profile with async_collectives=False (CPU devices)")
     topology = hardware.link.topology  # the latency steps depend on it (collectives.latency_steps)
     lat = hardware.replace(link=Link(float("inf"), 1.0, topology), axis_links=(), op_overhead_s=0.0)
     per_byte = lat.replace(link=Link(1.0, 0.0, topology))
@@ -218,6 +215,11 @@ def step_terms(hardware: Hardware, samples: Sequence[StepSample]) -> np.ndarray:
     rows = []
     for s in samples:
         c = predict(s.graph, s.mesh, s.layout, hardware=lat)
+        if hardware.async_collectives and c.collectives:
+            raise CalibrationError(
+                f"fitting step times on {hardware.name!r}: layout {str(s.layout)!r} has collectives and the "
+                "profile overlaps them with compute (async_collectives=True), so step time is not linear in the "
+                "link figures; fit a profile with async_collectives=False (CPU devices), or steps on one device")
         ops = predict(s.graph, s.mesh, s.layout, hardware=per_op).compute_s - c.compute_s
         rows.append((c.compute_s, c.comm_s, predict(s.graph, s.mesh, s.layout, hardware=per_byte).comm_s, ops))
     return np.array(rows, float).reshape(len(rows), len(STEP_TERMS))
@@ -234,7 +236,9 @@ def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepF
     ops`` (:func:`step_terms`) is fitted by non-negative least squares on relative
     errors; the profile returned has its compute rates divided by ``c`` (the roofline
     scales exactly), one link ``(B, alpha)`` on every mesh axis and ``op_overhead_s``.
-    Four numbers for all layouts and models: nothing is fitted per layout.
+    Four numbers for all layouts and models: nothing is fitted per layout. Steps with no
+    collective at all (one device: ``benchmarks/gpu_validate.py`` on one GPU) fit the compute
+    scale and the per-op overhead alone and keep the profile's links and overlap.
 
     Raises:
         CalibrationError: fewer than 4 samples, a non-positive time, or a fit with no
@@ -251,6 +255,20 @@ def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepF
         raise CalibrationError(f"fitting step times: step time {t[i]} of layout {str(samples[i].layout)!r} is not "
                                "positive; measure it again")
     a = step_terms(hardware, samples)
+    if not a[:, 1:3].any():  # no collective in any step: compute and per-op overhead only
+        c, overhead = (float(v) for v in nnls_relative(a[:, [0, 3]], t))
+        if not c > 0:
+            raise CalibrationError(f"fitting step times of {len(t)} steps without collectives: the fit has no "
+                                   f"compute term (per-op overhead {overhead:.3g} s): the times do not grow with "
+                                   "the work; measure larger steps")
+        peaks = {k: v / c for k, v in hardware.peak_flops}
+        note = (f"refitted to {len(t)} measured steps without collectives: compute x{c:.3f} (peak and memory "
+                f"bandwidth / {c:.3f}), {overhead * 1e6:.2f} us per executed op; links not refitted")
+        fitted = hardware.replace(name=hardware.name + "+steps", peak_flops=peaks,
+                                  hbm_bandwidth=hardware.hbm_bandwidth / c, op_overhead_s=overhead,
+                                  sources=tuple(hardware.sources) + (note,))
+        err = float(np.median(np.abs(a[:, [0, 3]] @ np.array([c, overhead]) - t) / t))
+        return StepFit(fitted, c, hardware.link, overhead, len(t), err)
     x = nnls_relative(a, t)
     c, alpha, inv_b, overhead = (float(v) for v in x)
     if not c > 0 or not inv_b > 0:
