@@ -185,8 +185,11 @@ class Hardware:
             datasheet profiles: an accelerator's kernels are queued ahead of the one
             running (XLA:GPU launches a step's kernels as CUDA graphs,
             ``--xla_gpu_enable_command_buffer``, openxla/xla ``xla/debug_options_flags.cc``;
-            XLA:TPU runs the step as one program on the chip), so no per-op host cost adds
-            to the step. XLA:CPU's thunk executor dispatches every kernel from the device's
+            XLA:TPU runs the step as one program on the chip). Not quite 0 on a GPU: one H200
+            with jax 0.11.2 refit at 2.35 us per executed op (``reports/gpu``: launch-bound
+            steps ran 4x their roofline), under 1% of a step at the published runs' sizes;
+            :func:`~autolayout.exec.calibrate.fit_step_profile` on one GPU's steps fits it.
+            XLA:CPU's thunk executor dispatches every kernel from the device's
             thread, which time-slices with the other virtual devices' on shared cores:
             :func:`~autolayout.exec.calibrate.fit_step_profile` fits it to measured steps.
         dot_operand_copies: whether a contraction also pays for copying the operands its dot
