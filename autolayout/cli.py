@@ -529,7 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(sub, "calibrate", "measure a hardware profile of the local devices (JSON for --hardware)",
              "autolayout calibrate --mesh rows:2,cols:4 --out profile.json\n"
              "autolayout predict mlp --mesh rows:2,cols:4 --layout batch:rows --hardware profile.json")
-    p.add_argument("--mesh", type=MESH, default=_mesh("rows:2,cols:4"), help="mesh to measure on (default rows:2,cols:4)")
+    p.add_argument("--mesh", type=MESH, default=_mesh("rows:2,cols:4"),
+                   help="mesh to measure on (default rows:2,cols:4; d:1 on one GPU: its links are then the "
+                        "built-in profile's)")
     p.add_argument("--out", default=None, help="write the profile as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds)")
     p.add_argument("--json", action="store_true", help="print JSON")

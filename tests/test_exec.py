@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from autolayout import models
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.hardware import Hardware
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.predict import predict, resolve_layout
 from autolayout.exec import (ArgumentError, Execution, LoweringError, NotEnoughDevicesError, calibrate,
                              execute, parse_collectives)
@@ -250,7 +251,6 @@ def test_hierarchical_all_reduce_is_lowered_as_planned(name, layout):
     # reduce-scatter over gpu -> all-reduce over node -> all-gather over gpu, in the plan
     # and in the compiled HLO; the numbers equal the reference
     from autolayout.costmodel.hardware import Link
-    from autolayout.costmodel.profiles import get_hardware
     cpu = get_hardware("cpu")
     hw = cpu.with_axis_link("node", Link(cpu.link.bandwidth / 10, cpu.link.latency, description="slower"))
     g = graph(name)
@@ -405,6 +405,19 @@ def test_calibrate_quick(tmp_path):
     hw.save(path)
     assert Hardware.load(path) == hw
     assert predict(graph("mlp"), "rows:2,cols:4", "batch:rows", hardware=hw).time_s > 0
+
+
+def test_calibrate_one_device_keeps_the_links_of_a_profile():
+    """One device (one GPU) has no axis to measure a link on: compute and memory are measured,
+    the links are those of the devices' built-in profile (here ``cpu``) or of ``links_from``."""
+    one = jax.devices()[:1]
+    hw = calibrate("d:1", quick=True, repeats=3, devices=one)
+    cpu = get_hardware("cpu")
+    assert hw.peak("float32") > 0 and hw.hbm_bandwidth > 0
+    assert hw.link == cpu.link and hw.axis_links == cpu.axis_links
+    assert any("links not measured" in s and "'cpu'" in s for s in hw.sources)
+    h200 = calibrate("d:1", quick=True, repeats=3, devices=one, links_from="h200")
+    assert h200.link == get_hardware("h200").link
 
 
 # ------------------------------------------------------------- NaN-aware checks

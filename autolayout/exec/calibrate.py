@@ -311,7 +311,7 @@ def _host_memory_per_device(jmesh: Any) -> tuple[float, str]:
 # ------------------------------------------------------------------------- calibrate
 def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None = None,
               repeats: int | None = None, save_to: Any = None, name: str | None = None,
-              memory_bytes: float | None = None, verbose: bool = False) -> Hardware:
+              memory_bytes: float | None = None, verbose: bool = False, links_from: Any = None) -> Hardware:
     """Measure a Hardware profile on the devices of ``mesh`` (all running at once).
 
     ``mesh``: anything :class:`~autolayout.core.Mesh` accepts, or a ``jax.sharding.Mesh``.
@@ -319,6 +319,11 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     ``save_to``: a path to write the profile as JSON (``Hardware.load`` reads it).
     ``memory_bytes``: the memory of one device, where the devices report none and the
     host's cannot be read. The measured samples are kept in the profile's ``sources``.
+    On a mesh with no axis of size > 1 (one GPU) no link can be measured: the profile keeps
+    those of ``links_from`` (a profile or its name; default: the devices' built-in profile).
+    On accelerators the matmuls are bf16 and float32 at n = 2048-8192 after a 2 s warm-up,
+    the stream 1 GiB (sizes under which one H200 measured launch latency or cold clocks:
+    ``reports/gpu``); on CPU devices float32 at n = 64-512 and 8-32 MiB.
     :func:`fit_step_profile` refits the result to measured steps of whole layouts.
 
     Raises:
@@ -356,23 +361,47 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         return f, x
 
     # -- matmul throughput (per device, all devices at once)
-    sizes = (64, 256) if quick else (64, 128, 256, 512)
-    rates = []
-    for n in sizes:
-        def mm(x: Any, k: Any, n: int = n) -> Any:
-            w = jnp.eye(n, dtype=x.dtype) * 0.999 + 1e-4
-            return lax.fori_loop(0, k, lambda i, y: y @ w, x)
+    accelerator = platform != "cpu"
+    if accelerator:
+        # Sizes and warm-up from one H200 (reports/gpu/kernels.json, benchmarks/gpu_validate.py):
+        # a bf16 n^3 matmul ran at 43, 504, 818 and 805 TFLOP/s at n = 1024, 2048, 4096, 8192 (under
+        # 2048 it measures launch latency, not the matrix units), and at 656 TFLOP/s at 8192 before
+        # 2 s of matmuls brought the clocks up (idle SM clock 345 MHz, nvidia-smi). float32 runs at
+        # JAX's default precision, TF32 on Hopper (403 TFLOP/s there), so both dtypes are measured.
+        sizes, dtypes = ((2048, 8192) if quick else (2048, 4096, 8192)), (jnp.bfloat16, jnp.float32)
+        warm_s = 2.0
+    else:
+        sizes, dtypes, warm_s = ((64, 256) if quick else (64, 128, 256, 512)), (jnp.float32,), 0.0
+    rates: dict[str, list[float]] = {}
+    for dtype in dtypes:
+        dname = jnp.dtype(dtype).name
+        for n in sizes:
+            def mm(x: Any, k: Any, n: int = n) -> Any:
+                w = jnp.eye(n, dtype=x.dtype) * 0.999 + 1e-4
+                return lax.fori_loop(0, k, lambda i, y: y @ w, x)
 
-        f, x = run_local(mm, (n, n))
-        t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats, f"a {n}x{n} float32 matmul")
-        rate = 2 * n ** 3 / t
-        notes.append(f"matmul {n}: {rate / 1e9:.2f} GFLOP/s per device")
-        rates.append(rate)
-    best = max(rates)
-    efficiency = min(statistics.median(rates) / best, 1.0)
+            f, x = run_local(mm, (n, n), dtype)
+            if warm_s:
+                end = time.perf_counter() + warm_s
+                while time.perf_counter() < end:
+                    jax.block_until_ready(f(x, 8))
+                warm_s = 0.0
+            t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats, f"a {n}x{n} {dname} matmul")
+            rate = 2 * n ** 3 / t
+            notes.append(f"matmul {dname} {n}: {rate / 1e9:.2f} GFLOP/s per device")
+            rates.setdefault(dname, []).append(rate)
+    main = "bfloat16" if accelerator else "float32"
+    best = max(rates[main])
+    efficiency = min(statistics.median(rates[main]) / best, 1.0)
+    if accelerator:
+        peaks = {"bfloat16": best, "float16": best, "float32": max(rates["float32"]),
+                 "tensorfloat32": max(rates["float32"])}
+    else:
+        peaks = {"float32": best, "bfloat16": best}
 
-    # -- memory bandwidth
-    mb = (8 if quick else 32) * 2**20 // 4
+    # -- memory bandwidth: 1 GiB on accelerators (H200: 3.39 TB/s at 64 MiB, 4.27 at 1 GiB,
+    # reports/gpu/kernels.json), 8-32 MiB per CPU device
+    mb = (1024 if accelerator else 8 if quick else 32) * 2**20 // 4
     rows = mb // 1024
 
     def stream(x: Any, k: Any) -> Any:
@@ -426,9 +455,19 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     if pooled:
         alpha, bw = fit_alpha_beta(pooled, topology=topology, what="all mesh axes pooled")
         link = Link(bw, alpha, topology, "pooled fit over all mesh axes")
-    else:
-        raise CalibrationError(f"calibrating links: mesh {amesh} has no axis of size > 1, so no collective "
-                               "can be measured; calibrate on a mesh with at least 2 devices on an axis")
+    else:  # one device (or every axis of size 1): nothing to measure a link with
+        from autolayout.costmodel.devices import UnknownDeviceError, hardware_for_device
+        from autolayout.costmodel.profiles import get_hardware
+
+        try:
+            base = get_hardware(links_from) if links_from is not None else hardware_for_device(jmesh.devices.flat[0])
+        except UnknownDeviceError as exc:
+            raise CalibrationError(
+                f"calibrating on mesh {amesh}: no axis of size > 1, so no collective can be measured, and the "
+                f"devices have no built-in profile to take the links from ({exc}); pass links_from= a profile "
+                "whose links to keep, or calibrate on a mesh with at least 2 devices on an axis") from exc
+        link, links = base.link, dict(base.axis_links)
+        notes.append(f"links not measured (mesh {amesh} has no axis of size > 1): those of profile {base.name!r}")
     if memory_bytes is None:
         memory_bytes, mem_note = _host_memory_per_device(jmesh)
     else:
@@ -436,7 +475,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
     notes.append(f"memory per device: {memory_bytes / 2**30:.2f} GiB ({mem_note})")
     hw = Hardware(
         name=name or f"calibrated-{platform}",
-        peak_flops={"float32": best, "bfloat16": best},
+        peak_flops=peaks,
         hbm_bytes=memory_bytes,
         hbm_bandwidth=hbm_bw,
         link=link,
