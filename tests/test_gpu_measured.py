@@ -1,0 +1,107 @@
+"""The cost model against what one NVIDIA H200 measured (``reports/gpu``: the committed output of
+``benchmarks/gpu_validate.py``, jax 0.11.2). The references are measurements, never the cost
+model: step times, XLA:GPU's ``memory_analysis`` and the attention kernels' times. Runs without
+a GPU: every prediction is made here, by tracing the same zoo models at the measured sizes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_report  # noqa: E402
+
+from autolayout import models, predict  # noqa: E402
+
+GPU = ROOT / "reports" / "gpu"
+
+# Steps whose predicted peak memory is off XLA:GPU's by more than 10%, each with the reason read
+# from its compiled HLO (reports/gpu/hlo.zip, reports/gpu/findings.md): strict xfails.
+MEMORY_OFF = {
+    "gpt-350m-remat": "0.87: remat steps hold more than the model's saved residuals (not root-caused)",
+    "gpt-tiny": "0.89: cuBLAS matmuls' 32 MiB workspaces (s8[33554432] results) and more, unpriced",
+    "mlp-large": "0.68: a multi-output fusion writes the pre-activation and its ReLU select as two "
+                 "hidden-sized buffers while both matmul outputs are live",
+    "mlp-large-f32": "0.81: the same multi-output fusion as mlp-large",
+    "moe": "1.19: over XLA's (not root-caused)",
+    "moe-f32": "1.25: over XLA's (not root-caused)",
+    "moe-large": "1.13: over XLA's (not root-caused)",
+}
+
+
+@lru_cache(maxsize=None)
+def _measured() -> dict[str, dict]:
+    with open(GPU / "measured.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {r["name"]: r for r in rows if "measured_s" in r}
+
+
+@lru_cache(maxsize=None)
+def _graph(name: str):
+    r = _measured()[name]
+    return models.MODELS[r["model"]](**r["kwargs"])
+
+
+@lru_cache(maxsize=None)
+def _analysis() -> dict:
+    return gpu_report.analyse(str(GPU))
+
+
+def test_the_committed_measurements_are_whole():
+    """18 steps measured, each with its times and XLA's memory figures, on an H200."""
+    rows = _measured()
+    assert len(rows) == 18
+    device = json.loads((GPU / "device.json").read_text())
+    assert device["device_kind"] == "NVIDIA H200" and device["profile"] == "h200"
+    for r in rows.values():
+        m = r["xla_memory"]
+        assert r["xla_memory_bytes"] == m["argument"] + m["output"] + m["temp"] - m["alias"]
+        assert len(r["step_times_s"]) == 10 and min(r["step_times_s"]) <= r["measured_s"] <= max(r["step_times_s"])
+
+
+@pytest.mark.parametrize("name", sorted({
+    "gpt-350m", "gpt-350m-remat", "gpt-350m-long", "gpt-350m-short", "gpt-1b", "gpt-1b-parallel", "gpt-125m-f32",
+    "gpt-tiny", "llama-1b", "llama-1b-remat", "llama-300m-remat", "llama-tiny-f32", "mlp-large", "mlp-large-f32",
+    "mlp-small", "moe", "moe-f32", "moe-large"}))
+def test_memory_within_ten_percent_of_xla_gpu(name, request):
+    if name in MEMORY_OFF:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=MEMORY_OFF[name]))
+    from autolayout.costmodel.profiles import get_hardware
+
+    r = _measured()[name]
+    hw = get_hardware("h200").replace(fused_attention=False)  # XLA:GPU ran the attention as traced
+    ratio = predict(_graph(name), "d:1", None, hardware=hw).memory_bytes / r["xla_memory_bytes"]
+    assert abs(ratio - 1) <= 0.10, f"{name}: predicted / XLA:GPU memory = {ratio:.3f}"
+
+
+def test_refit_predicts_held_out_steps():
+    """Issue 12's ranking targets on the held-out half of the H200 steps, after refitting the
+    measured-ceilings profile's compute scale and per-op overhead on the other half: Spearman >=
+    0.9, median |error| <= 20%. The datasheet profile ranks them too but is further off."""
+    a = _analysis()
+    held = a["stats"]["held-out"]
+    assert held["refit"]["spearman"] >= 0.9 and held["refit"]["median_abs_error"] <= 0.20, held["refit"]
+    assert held["sheet"]["spearman"] >= 0.9, held["sheet"]
+    assert held["refit"]["median_abs_error"] < held["sheet"]["median_abs_error"]
+    # the fit saw only the calibration half
+    calib = [r["name"] for r in a["rows"] if r["half"] == "calibration"]
+    assert len(calib) == 9 and a["fit"].samples == 9
+
+
+def test_attention_regimes_priced_within_thirty_percent():
+    """Forward + backward attention measured compiled by XLA (scores materialised) and by cuDNN's
+    fused kernel (kernels.json): the model prices each regime from first principles within 30%
+    (fused 0.70-1.27x, materialised 0.95-1.16x when measured), and the fused one 5x+ faster."""
+    rows = _analysis()["attention"]
+    assert len(rows) == 3
+    for r in rows:
+        assert 0.7 <= r["materialised_pred_s"] / r["xla_s"] <= 1.3, r
+        assert 0.7 <= r["fused_pred_s"] / r["cudnn_s"] <= 1.3, r
+        assert r["materialised_pred_s"] / r["fused_pred_s"] >= 5 and r["xla_s"] / r["cudnn_s"] >= 5
+
