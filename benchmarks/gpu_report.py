@@ -47,12 +47,6 @@ def profiles(device: dict, kernels: dict) -> tuple:
     return sheet, ceil
 
 
-def _spearman(a: list[float], b: list[float]) -> float:
-    import pandas as pd
-
-    return float(pd.Series(a).corr(pd.Series(b), method="spearman"))
-
-
 def _err(p: float, m: float) -> float:
     return p / m - 1.0
 
@@ -60,6 +54,7 @@ def _err(p: float, m: float) -> float:
 def analyse(d: str) -> dict:
     import autolayout
     from autolayout.exec.calibrate import StepSample, fit_step_profile
+    from autolayout.reporting.fmt import spearman
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gpu_validate
@@ -84,7 +79,7 @@ def analyse(d: str) -> dict:
     for half in ("held-out", "calibration"):
         sub = [r for r in rows if r["half"] == half]
         m = [r["measured_s"] for r in sub]
-        stats[half] = {key: dict(spearman=_spearman([r[f"{key}_s"] for r in sub], m),
+        stats[half] = {key: dict(spearman=spearman([r[f"{key}_s"] for r in sub], m),
                                  median_abs_error=statistics.median(abs(_err(r[f"{key}_s"], r["measured_s"]))
                                                                     for r in sub))
                        for key in ("sheet", "ceil", "refit")}

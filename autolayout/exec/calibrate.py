@@ -388,7 +388,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
                 warm_s = 0.0
             t, _ = _per_iter(f, x, 1, 4 if quick else 8, repeats, f"a {n}x{n} {dname} matmul")
             rate = 2 * n ** 3 / t
-            notes.append(f"matmul {dname} {n}: {rate / 1e9:.2f} GFLOP/s per device")
+            notes.append(f"matmul {dname + ' ' if accelerator else ''}{n}: {rate / 1e9:.2f} GFLOP/s per device")
             rates.setdefault(dname, []).append(rate)
     main = "bfloat16" if accelerator else "float32"
     best = max(rates[main])
