@@ -420,6 +420,25 @@ def test_calibrate_one_device_keeps_the_links_of_a_profile():
     assert h200.link == get_hardware("h200").link
 
 
+def test_execute_prices_attention_as_the_program_runs_it():
+    """The lowering runs a traced attention as written (scores materialised): on a profile that
+    prices a fused kernel (h100), the run's prediction is the materialised one, and says so;
+    a model without attention gets no such note."""
+    g = graph("transformer_lm")
+    h100 = get_hardware("h100")
+    ex = execute(g, "rows:2,cols:4", "batch:rows;heads:cols", hardware="h100", reference=False, repeats=1,
+                 compiler_options=FAST)
+    materialised = predict(g, "rows:2,cols:4", "batch:rows;heads:cols", hardware=h100.replace(fused_attention=False))
+    fused = predict(g, "rows:2,cols:4", "batch:rows;heads:cols", hardware=h100)
+    assert ex.predicted.time_s == pytest.approx(materialised.time_s, rel=1e-12)
+    assert ex.predicted.memory_bytes == materialised.memory_bytes
+    assert fused.time_s < materialised.time_s
+    assert any("fused_attention off" in n for n in ex.notes)
+    mlp = execute(graph("mlp"), "rows:2,cols:4", "batch:rows", hardware="h100", reference=False, repeats=1,
+                  compiler_options=FAST)
+    assert not any("fused_attention" in n for n in mlp.notes)
+
+
 # ------------------------------------------------------------- NaN-aware checks
 def test_output_check_is_nan_aware():
     """``max(0.0, nan)`` is 0.0 in Python: a NaN must not pass as error 0."""

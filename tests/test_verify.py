@@ -18,6 +18,7 @@ import autolayout
 from autolayout import models
 from autolayout.core import LayoutError
 from autolayout.costmodel.predict import predict
+from autolayout.costmodel.profiles import get_hardware
 from autolayout.exec.verify import VerifyError, verify
 from autolayout.search.api import SearchResult, Verified, best_layouts
 
@@ -70,6 +71,21 @@ def test_top_level_search_verify(cpu_devices):
                                                              if v.layout == r.layout)
     plain = autolayout.search(g, MESH, hardware="cpu", **RULES)  # without verify: the search alone
     assert plain.verified == () and str(plain.layout) == str(r.verified[0].layout)
+
+
+def test_verify_ranks_the_programs_it_runs_with_attention_as_traced(cpu_devices):
+    """A profile of these devices that prices fused attention (here the cpu one with it on): the
+    k best are searched and predicted with it off, since the runs materialise the scores."""
+    g = models.transformer_lm(d_model=16, d_ff=32, heads=4, d_kv=8, n_layers=1, vocab=32, batch=8, length=16)
+    fused = get_hardware("cpu").replace(name="cpu-fused", fused_attention=True)
+    r = verify(g, MESH, 2, hardware=fused, repeats=1, devices=cpu_devices, compiler_options=FAST,
+               reference=False, **RULES)
+    as_run = fused.replace(fused_attention=False)
+    want = best_layouts(g, MESH, 2, hardware=as_run, distinct="rules", **RULES)
+    assert [str(v.layout) for v in r.verified] == [str(w.layout) for w in want]
+    for v in r.verified:
+        assert v.predicted_time_s == pytest.approx(predict(g, MESH, v.layout, hardware=as_run).time_s, rel=1e-12)
+        assert v.predicted_time_s != pytest.approx(predict(g, MESH, v.layout, hardware=fused).time_s, rel=1e-6)
 
 
 def test_a_failed_run_keeps_its_row_with_the_error(cpu_devices, monkeypatch):

@@ -17,7 +17,8 @@ from autolayout.costmodel.predict import Cost, price_plan
 from autolayout.exec import hlo
 from autolayout.graph import Graph, require_graph
 
-__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS", "jax_mesh"]
+__all__ = ["execute", "Execution", "NotEnoughDevicesError", "ArgumentError", "OutputMismatchError", "BACKENDS", "jax_mesh",
+           "executed_hardware"]
 
 BACKENDS = ("shard_map", "gspmd")
 # Issue 12 item 3: the predicted peak memory should be within 10% of XLA's memory_analysis of
@@ -192,6 +193,26 @@ def jax_mesh(mesh: Any, devices: Sequence[Any] | None) -> tuple[Mesh, Any]:
             f"importing jax (or call jax.config.update('jax_num_cpu_devices', {amesh.size}) before "
             f"any JAX operation).")
     return amesh, amesh.to_jax(devices)
+
+
+def executed_hardware(hardware: Any, graph: Graph) -> tuple[Any, str]:
+    """``(profile, note)``: ``hardware`` as it prices the program :func:`execute` runs, and a
+    note where that differs for ``graph``. The lowering runs a traced attention as written, its
+    scores materialised: it substitutes no fused kernel, and XLA substitutes none either (no
+    ``__cudnn$fmha`` call in the compiled HLO of 18 zoo steps on one H200, ``reports/gpu``), so
+    a profile that prices FlashAttention (``fused_attention``: the TPU v4+ and Hopper ones)
+    prices the run with it off. ``verify`` searches with the same profile, so that it ranks
+    the programs it runs."""
+    if not getattr(hardware, "fused_attention", False):
+        return hardware, ""
+    from autolayout.costmodel.attention import attention_region
+
+    note = ""
+    if attention_region(graph).producers:
+        note = (f"priced with {hardware.name}'s fused_attention off: the executed program materialises the "
+                "attention scores as traced (no fused-attention kernel runs; reports/gpu measured cuDNN's 7-10x "
+                "faster on an H200), where predict and search price a fused kernel on this profile")
+    return hardware.replace(fused_attention=False), note
 
 
 def default_hardware(jmesh: Any) -> Any:
@@ -458,7 +479,8 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
     amesh, jmesh = jax_mesh(mesh, devices)
     the_plan = make_plan(graph, amesh, layout)
     layout = the_plan.layout
-    hw = get_hardware(hardware) if hardware is not None else default_hardware(jmesh)
+    hw, attention_note = executed_hardware(get_hardware(hardware) if hardware is not None
+                                           else default_hardware(jmesh), graph)
     cost = price_plan(the_plan, hw)
     from jax.sharding import NamedSharding
 
@@ -523,7 +545,9 @@ def execute(graph: Graph, mesh: Any, layout: Any = None, *, args: Any = None, se
         compiled_collectives=compiled_colls, optimized_collectives=post, predicted=cost,
         collectives_match=match, xla_flops=float(ca.get("flops", float("nan"))),
         xla_bytes_accessed=float(ca.get("bytes accessed", float("nan"))), xla_memory=mem,
-        compile_s=compile_s, notes=tuple(dict.fromkeys(output_notes + _xla_notes(graph))), _step=stepper)
+        compile_s=compile_s, notes=tuple(dict.fromkeys(output_notes + _xla_notes(graph)
+                                                      + ([attention_note] if attention_note else []))),
+        _step=stepper)
     ex.comparison = comparison_table(ex)
     return ex
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from autolayout.core import LayoutError, Mesh
 from autolayout.costmodel.devices import hardware_for_device
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, PROFILES, get_hardware
+from autolayout.exec.runner import executed_hardware
 from autolayout.graph import Graph
 from autolayout.search import api
 from autolayout.search.api import SearchResult, Verified
@@ -172,7 +173,8 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     _count(repeats, "repeats", "timed rounds")
     mesh = Mesh.parse(mesh)
     devs = _devices(devices)
-    hw = get_hardware(hardware) if hardware is not None else hardware_for_device(devs[0])
+    hw, _ = executed_hardware(get_hardware(hardware) if hardware is not None else hardware_for_device(devs[0]),
+                              graph)  # rank the programs that run: attention as traced
     best = api.best_layouts(graph, mesh, k, hardware=hw, memory_limit=memory_limit,
                             shard_weight_update=shard_weight_update, time_limit_s=time_limit_s,
                             num_workers=num_workers, random_seed=random_seed, regions=regions, remat=remat,
