@@ -86,6 +86,7 @@ def test_verify_ranks_the_programs_it_runs_with_attention_as_traced(cpu_devices)
     for v in r.verified:
         assert v.predicted_time_s == pytest.approx(predict(g, MESH, v.layout, hardware=as_run).time_s, rel=1e-12)
         assert v.predicted_time_s != pytest.approx(predict(g, MESH, v.layout, hardware=fused).time_s, rel=1e-6)
+    assert any("fused_attention off" in n for n in r.notes)
 
 
 def test_a_failed_run_keeps_its_row_with_the_error(cpu_devices, monkeypatch):

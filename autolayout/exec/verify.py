@@ -173,8 +173,8 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
     _count(repeats, "repeats", "timed rounds")
     mesh = Mesh.parse(mesh)
     devs = _devices(devices)
-    hw, _ = executed_hardware(get_hardware(hardware) if hardware is not None else hardware_for_device(devs[0]),
-                              graph)  # rank the programs that run: attention as traced
+    hw, attention_note = executed_hardware(get_hardware(hardware) if hardware is not None
+                                           else hardware_for_device(devs[0]), graph)  # rank the programs that run
     best = api.best_layouts(graph, mesh, k, hardware=hw, memory_limit=memory_limit,
                             shard_weight_update=shard_weight_update, time_limit_s=time_limit_s,
                             num_workers=num_workers, random_seed=random_seed, regions=regions, remat=remat,
@@ -205,7 +205,8 @@ def verify(graph: Graph, mesh: Any, k: int, *, hardware: Any = None, memory_limi
                f"predicted best #1)" if win and rows[0].ok else "")
             + (f"; {failed} did not run or computed something else (see verified)" if failed else ""))
     # solve_time_s stays the search's (the last of the k came at its end); the runs are not in it
-    return dataclasses.replace(best[win], verified=tuple(rows), notes=best[win].notes + (note,),
+    return dataclasses.replace(best[win], verified=tuple(rows),
+                               notes=best[win].notes + (note,) + ((attention_note,) if attention_note else ()),
                                solve_time_s=max(r.solve_time_s for r in best))
 
 
