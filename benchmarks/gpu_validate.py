@@ -13,7 +13,10 @@ Two parts, so that the GPU is held only for the measurement:
   one-device mesh (``d:1``): the measured step time (median of the timed repeats), XLA's
   ``memory_analysis`` and what the compiled HLO holds (kernels, a cuDNN fused-attention call
   or none), next to the prediction of the device's built-in profile; one JSON line per step
-  in ``OUT/measured.jsonl``, written as it goes, and the compiled HLO in ``OUT/hlo.zip``.
+  in ``OUT/measured.jsonl``, written as it goes, and the compiled HLO in ``OUT/hlo.zip``;
+  with ``--dumps`` also XLA's buffer assignment (``OUT/buffers.zip``) and its peak of live
+  bytes (``OUT/live.jsonl``, :func:`xla_live.live_peak`), which the GPU memory misses of
+  ``reports/gpu`` need to be root-caused (the 2026-11-28 runs did not collect them).
 
 ``benchmarks/gpu_report.py``, anywhere (no GPU): prices every measured step again, calibrates
 on half of the steps and checks the other half, and writes ``reports/gpu/README.md``.
@@ -33,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -212,7 +216,7 @@ def _hlo_facts(text: str) -> dict:
             "while_loops": len(re.findall(r"=\s*\S+\s+while\(", text))}
 
 
-def measure(out: str, smoke: bool, only: list[str] | None) -> None:
+def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) -> None:
     import jax
 
     import autolayout
@@ -246,9 +250,12 @@ def measure(out: str, smoke: bool, only: list[str] | None) -> None:
             kw = {**{k: v for k, v in kw.items() if not isinstance(v, int)}, **SMOKE[model]}
         t0 = time.perf_counter()
         row = {"name": name, "model": model, "kwargs": kw}
+        dump = os.path.join(out, "dump", name)
+        options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True} if dumps else None
         try:
             g = autolayout.models.MODELS[model](**kw)
-            ex = autolayout.execute(g, "d:1", None, hardware=hw, reference=False, repeats=REPEATS)
+            ex = autolayout.execute(g, "d:1", None, hardware=hw, reference=False, repeats=REPEATS,
+                                    compiler_options=options)
         except Exception as exc:  # recorded in the results, not hidden: the report shows it
             row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             row["traceback"] = traceback.format_exc()[-3000:]
@@ -267,20 +274,37 @@ def measure(out: str, smoke: bool, only: list[str] | None) -> None:
             f.write(json.dumps(row) + "\n")
         with zipfile.ZipFile(os.path.join(out, "hlo.zip"), "a", zipfile.ZIP_DEFLATED) as z:
             z.writestr(f"{name}.compiled.txt", ex.compiled_hlo_text)  # for reading memory offline
+        if dumps:  # the step's buffer assignment and live ranges (benchmarks/xla_live.py reads them)
+            from xla_live import live_peak
+
+            row_live = live_peak(dump)
+            with zipfile.ZipFile(os.path.join(out, "buffers.zip"), "a", zipfile.ZIP_DEFLATED) as z:
+                prefix = row_live["module"].replace("-buffer-assignment.txt", "")
+                for f in os.listdir(dump):
+                    if f.startswith(prefix) and f.endswith(("-buffer-assignment.txt", "-live-range.txt")):
+                        z.write(os.path.join(dump, f), f"{name}/{f}")
+            with open(os.path.join(out, "live.jsonl"), "a") as f:
+                f.write(json.dumps({"name": name, **{k: v for k, v in row_live.items() if k != "module"}}) + "\n")
+            shutil.rmtree(dump)
         del ex, g
+    if dumps and os.path.isdir(os.path.join(out, "dump")):
+        os.rmdir(os.path.join(out, "dump"))  # each step's folder went once its files were zipped
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--measure", metavar="OUT", help="measure on this machine's first device, write OUT/")
     ap.add_argument("--kernels", metavar="OUT", help="measure ceilings and attention kernels, write OUT/kernels.json")
+    ap.add_argument("--dumps", action="store_true",
+                    help="with --measure: XLA's buffer assignment of each step (OUT/buffers.zip) and its live peak "
+                         "(OUT/live.jsonl, benchmarks/xla_live.py), to root-cause memory misses")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU check of the script)")
     ap.add_argument("--only", nargs="*", help="configs to measure (default: all)")
     args = ap.parse_args(argv)
     if args.kernels:
         kernels(args.kernels, args.smoke)
     if args.measure:
-        measure(args.measure, args.smoke, args.only)
+        measure(args.measure, args.smoke, args.only, args.dumps)
     if args.kernels or args.measure:
         return 0
     ap.error("give --kernels OUT and/or --measure OUT (the report: benchmarks/gpu_report.py)")
