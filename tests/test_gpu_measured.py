@@ -5,7 +5,6 @@ a GPU: every prediction is made here, by tracing the same zoo models at the meas
 """
 from __future__ import annotations
 
-import json
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -16,8 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_report  # noqa: E402
-
-from autolayout import models, predict  # noqa: E402
 
 GPU = ROOT / "reports" / "gpu"
 
@@ -37,15 +34,7 @@ MEMORY_OFF = {
 
 @lru_cache(maxsize=None)
 def _measured() -> dict[str, dict]:
-    with open(GPU / "measured.jsonl") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {r["name"]: r for r in rows if "measured_s" in r}
-
-
-@lru_cache(maxsize=None)
-def _graph(name: str):
-    r = _measured()[name]
-    return models.MODELS[r["model"]](**r["kwargs"])
+    return {r["name"]: r for r in gpu_report.load(str(GPU))[0] if "measured_s" in r}
 
 
 @lru_cache(maxsize=None)
@@ -56,8 +45,8 @@ def _analysis() -> dict:
 def test_the_committed_measurements_are_whole():
     """18 steps measured, each with its times and XLA's memory figures, on an H200."""
     rows = _measured()
-    assert len(rows) == 18
-    device = json.loads((GPU / "device.json").read_text())
+    assert len(rows) == 18 and set(MEMORY_OFF) <= set(rows)
+    device = gpu_report.load(str(GPU))[1]
     assert device["device_kind"] == "NVIDIA H200" and device["profile"] == "h200"
     for r in rows.values():
         m = r["xla_memory"]
@@ -65,18 +54,13 @@ def test_the_committed_measurements_are_whole():
         assert len(r["step_times_s"]) == 10 and min(r["step_times_s"]) <= r["measured_s"] <= max(r["step_times_s"])
 
 
-@pytest.mark.parametrize("name", sorted({
-    "gpt-350m", "gpt-350m-remat", "gpt-350m-long", "gpt-350m-short", "gpt-1b", "gpt-1b-parallel", "gpt-125m-f32",
-    "gpt-tiny", "llama-1b", "llama-1b-remat", "llama-300m-remat", "llama-tiny-f32", "mlp-large", "mlp-large-f32",
-    "mlp-small", "moe", "moe-f32", "moe-large"}))
+@pytest.mark.parametrize("name", sorted(_measured()))
 def test_memory_within_ten_percent_of_xla_gpu(name, request):
+    """Priced on the h200 profile with fused_attention off (XLA:GPU ran the attention as traced)."""
     if name in MEMORY_OFF:
         request.applymarker(pytest.mark.xfail(strict=True, reason=MEMORY_OFF[name]))
-    from autolayout.costmodel.profiles import get_hardware
-
-    r = _measured()[name]
-    hw = get_hardware("h200").replace(fused_attention=False)  # XLA:GPU ran the attention as traced
-    ratio = predict(_graph(name), "d:1", None, hardware=hw).memory_bytes / r["xla_memory_bytes"]
+    r = next(r for r in _analysis()["rows"] if r["name"] == name)
+    ratio = r["memory_bytes"] / r["xla_memory_bytes"]
     assert abs(ratio - 1) <= 0.10, f"{name}: predicted / XLA:GPU memory = {ratio:.3f}"
 
 

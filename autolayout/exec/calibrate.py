@@ -255,36 +255,33 @@ def fit_step_profile(hardware: Hardware, samples: Sequence[StepSample]) -> StepF
         raise CalibrationError(f"fitting step times: step time {t[i]} of layout {str(samples[i].layout)!r} is not "
                                "positive; measure it again")
     a = step_terms(hardware, samples)
-    if not a[:, 1:3].any():  # no collective in any step: compute and per-op overhead only
-        c, overhead = (float(v) for v in nnls_relative(a[:, [0, 3]], t))
-        if not c > 0:
-            raise CalibrationError(f"fitting step times of {len(t)} steps without collectives: the fit has no "
-                                   f"compute term (per-op overhead {overhead:.3g} s): the times do not grow with "
-                                   "the work; measure larger steps")
-        peaks = {k: v / c for k, v in hardware.peak_flops}
-        note = (f"refitted to {len(t)} measured steps without collectives: compute x{c:.3f} (peak and memory "
-                f"bandwidth / {c:.3f}), {overhead * 1e6:.2f} us per executed op; links not refitted")
-        fitted = hardware.replace(name=hardware.name + "+steps", peak_flops=peaks,
-                                  hbm_bandwidth=hardware.hbm_bandwidth / c, op_overhead_s=overhead,
-                                  sources=tuple(hardware.sources) + (note,))
-        err = float(np.median(np.abs(a[:, [0, 3]] @ np.array([c, overhead]) - t) / t))
-        return StepFit(fitted, c, hardware.link, overhead, len(t), err)
-    x = nnls_relative(a, t)
+    links = bool(a[:, 1:3].any())  # no collective in any step (one device): compute and per-op overhead alone
+    cols = list(range(len(STEP_TERMS))) if links else [0, 3]
+    x = np.zeros(len(STEP_TERMS))
+    x[cols] = nnls_relative(a[:, cols], t)
     c, alpha, inv_b, overhead = (float(v) for v in x)
-    if not c > 0 or not inv_b > 0:
+    if links and (not c > 0 or not inv_b > 0):
         raise CalibrationError(
             f"fitting step times of {len(t)} layouts: the fit has no {'compute' if not c > 0 else 'bandwidth'} "
             f"term (compute scale {c:.3g}, latency {alpha:.3g} s/step, inverse bandwidth {inv_b:.3g} s/B, "
             f"per-op overhead {overhead:.3g} s): the times do not grow with the work; measure more layouts (with "
             "and without collectives) or more repeats, on a quieter machine")
-    link = Link(1.0 / inv_b, alpha, hardware.link.topology, f"fitted to {len(t)} measured steps")
-    peaks = {k: v / c for k, v in hardware.peak_flops}
-    note = (f"refitted to {len(t)} measured steps: compute x{c:.3f} (peak and memory bandwidth / {c:.3f}), "
-            f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s, "
-            f"{overhead * 1e6:.1f} us per executed op")
-    fitted = hardware.replace(name=hardware.name + "+steps", peak_flops=peaks,
-                              hbm_bandwidth=hardware.hbm_bandwidth / c, link=link, axis_links=(),
-                              op_overhead_s=overhead, sources=tuple(hardware.sources) + (note,))
+    if not c > 0:
+        raise CalibrationError(f"fitting step times of {len(t)} steps without collectives: the fit has no "
+                               f"compute term (per-op overhead {overhead:.3g} s): the times do not grow with "
+                               "the work; measure larger steps")
+    if links:
+        link = Link(1.0 / inv_b, alpha, hardware.link.topology, f"fitted to {len(t)} measured steps")
+        refit = f"every axis alpha {alpha * 1e6:.1f} us/step, B {1 / inv_b / 1e9:.3f} GB/s, "
+        relinked = dict(link=link, axis_links=())
+    else:
+        link, refit, relinked = hardware.link, "", {}
+    note = (f"refitted to {len(t)} measured steps{'' if links else ' without collectives'}: compute x{c:.3f} "
+            f"(peak and memory bandwidth / {c:.3f}), {refit}{overhead * 1e6:.{1 if links else 2}f} us per executed op"
+            + ("" if links else "; links not refitted"))
+    fitted = hardware.replace(name=hardware.name + "+steps", peak_flops={k: v / c for k, v in hardware.peak_flops},
+                              hbm_bandwidth=hardware.hbm_bandwidth / c, op_overhead_s=overhead,
+                              sources=tuple(hardware.sources) + (note,), **relinked)
     err = float(np.median(np.abs(a @ x - t) / t))
     return StepFit(fitted, c, link, overhead, len(t), err)
 

@@ -203,7 +203,7 @@ def executed_hardware(hardware: Any, graph: Graph) -> tuple[Any, str]:
     a profile that prices FlashAttention (``fused_attention``: the TPU v4+ and Hopper ones)
     prices the run with it off. ``verify`` searches with the same profile, so that it ranks
     the programs it runs."""
-    if not getattr(hardware, "fused_attention", False):
+    if not hardware.fused_attention:
         return hardware, ""
     from autolayout.costmodel.attention import attention_region
 
