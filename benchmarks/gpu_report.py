@@ -61,6 +61,7 @@ def analyse(d: str) -> dict:
     import gpu_validate
 
     rows, device, kernels = load(d)
+    failed = [r for r in rows if "measured_s" not in r]  # a step that did not run: listed in the report
     rows = [r for r in rows if "measured_s" in r]
     sheet, ceil = profiles(device, kernels)
     names = sorted(r["name"] for r in rows)
@@ -96,7 +97,7 @@ def analyse(d: str) -> dict:
         for key, hw in (("materialised", ceil), ("fused", ceil.replace(fused_attention=True))):
             row[f"{key}_pred_s"] = autolayout.predict(g, "d:1", None, hardware=hw).time_s
         attn.append(row)
-    return dict(rows=rows, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
+    return dict(rows=rows, failed=failed, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
                 sheet=sheet, ceil=ceil)
 
 
@@ -176,6 +177,7 @@ def render(a: dict) -> str:
     within = sum(abs(r["memory_bytes"] / r["xla_memory_bytes"] - 1) <= 0.10 for r in a["rows"])
     out += ["", f"Memory: {within} of {len(a['rows'])} steps within 10% of XLA:GPU's `memory_analysis` "
             "(argument + output + temp - alias), priced with the h200 profile's memory rules.", ""]
+    out += [f"Did not run: {r['name']} ({r['error']})" for r in a["failed"]] + ([""] if a["failed"] else [])
     return "\n".join(out) + "\n"
 
 
