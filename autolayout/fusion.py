@@ -128,8 +128,11 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     shares no value with another fusion. XLA:CPU makes one only where the reduction or its operand
     has at least 4096 elements on a device (``costmodel.broadcasts.YNN_MIN_ELEMENTS``); below, it
     is one of XLA's loop fusions, into which a cheap value that XLA may duplicate
-    (:func:`duplicable`) is fused like into any other, so nothing is written. Such a value is
-    marked ``Op.reduction_shared``; the layout decides (``costmodel/recomputed.py``).
+    (:func:`duplicable`) is fused like into any other, and a scan's slice is read in place (the
+    ``dynamic-slice`` taken in: ``dynamic-slice_reduce_fusion``), so nothing is written. Such a
+    value or slice is marked ``Op.reduction_shared``; the layout decides
+    (``costmodel/recomputed.py``; the slice: ``tests/test_recomputed.py``, against the while
+    body of the optimized HLO at 4096 and 2048 elements).
     A tensor whose op has the :data:`ON_CHIP` attr stays on chip
     too (a fused kernel's internal tensor) unless it is a graph output; everything else is
     materialised."""
@@ -167,8 +170,8 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             reduced = any(reduction(by_name[u]) for u in into)
             m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced))
                                           or (reduced and op.kind == "reshape"))
-            if m and op.kind == "elementwise" and not expensive(op) and duplicable(op):
-                shared.add(op.name)  # only for the reduction's sake: recomputed below YNN's size
+            if m and ((op.kind == "elementwise" and not expensive(op) and duplicable(op)) or op.kind == "reshape"):
+                shared.add(op.name)  # only for the reduction's sake: recomputed (a slice read in place) below YNN's size
             sinks[op.name] = into
         mat[op.name] = m
     def read(name: str) -> bool:  # an identity's reader reads its operand from memory

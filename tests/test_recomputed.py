@@ -4,6 +4,7 @@ recomputes it in each fusion below that. The reference is XLA's optimized HLO (t
 the value's shape in its entry computation) and, for the search, ``predict``."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from autolayout.core import Layout, Mesh
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.recomputed import recomputed_spans, written
 from autolayout.costmodel.order import memory_order
-from autolayout.fusion import duplicable
+from autolayout.fusion import duplicable, reduction
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_recomputed
 from storage_variants import search_peaks
@@ -60,6 +61,76 @@ def test_the_shared_value_is_written_where_its_reduction_is_a_ynn_fusion(batch):
               and op.kind != "input" and tuple(d.size for d in op.output.shape) == (batch, L, D)]
     assert len(others) + written(n, CPU.ynn_reductions) == len(xla), (xla, others, shared)
     assert written(n, CPU.ynn_reductions) is (batch == 8)
+
+
+def _scan_norm(xs, w):
+    """A scan body whose slice of the stacked ``xs`` is read by a reduction (the mean) and by an
+    element-wise chain (the centred, scaled value added to the carry)."""
+    def body(h, x):
+        return h + (x - jnp.mean(x, -1, keepdims=True)) * w, None
+    return jax.lax.scan(body, jnp.zeros(xs.shape[1:]), xs)[0]
+
+
+def _computations(text: str) -> tuple[dict[str, str], str]:
+    """The computations of optimized HLO ``text`` by name, and the name of its ``while`` body."""
+    (body,) = re.findall(r"body=%([\w.\-]+)", text)
+    return {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", text, re.S)}, body
+
+
+def _while_body_slices(text: str, shape: str) -> list[str]:
+    """The instructions of the ``while`` body of optimized HLO ``text`` that write a buffer of
+    ``shape`` holding a dynamic slice (a ``dynamic-slice``, or a fusion whose computation only
+    slices): XLA's materialised slices of a stacked input."""
+    comps, body = _computations(text)
+    out = []
+    for line in comps[body].splitlines():
+        m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(.*?(?:calls=%([\w.\-]+))?", line)
+        if not m or m.group(2) != shape:
+            continue
+        if m.group(3) == "dynamic-slice":
+            out.append(m.group(1))
+        elif m.group(3) == "fusion":
+            called = re.search(r"calls=%([\w.\-]+)", line).group(1)
+            ops = re.findall(r"= \S+ ([\w-]+)\(", comps[called])
+            if set(ops) <= {"parameter", "dynamic-slice", "bitcast", "constant"} and "dynamic-slice" in ops:
+                out.append(m.group(1))
+    return out
+
+
+@pytest.mark.parametrize("batch", [8, 4], ids=["4096_elements", "2048_elements"])
+def test_a_scan_slice_a_reduction_reads_is_written_where_the_reduction_is_a_ynn_fusion(batch):
+    """XLA:CPU writes a scan body's slice of a stacked input that a YNNPACK reduction reads (a
+    ``dynamic-slice`` is not taken into it: 8 x 16 x 32 = 4096 elements) and fuses the
+    ``dynamic-slice`` into the loop fusions of a smaller one (2048), writing no slice; the model
+    marks the slice ``Op.reduction_shared`` and writes it where :func:`written` says so."""
+    xs, w = jnp.ones((3, batch, L, D)), jnp.ones((D,))
+    xla = _while_body_slices(jax.jit(_scan_norm).lower(xs, w).compile().as_text(), f"f32[1,{batch},{L},{D}]")
+    graph = trace(_scan_norm, xs, w, dims=("layers b l d", "d"))
+    (op,) = [op for op in graph.ops() if op.kind == "reshape" and op.fn == "slice" and op.loop]
+    assert op.reduction_shared and op.materialised
+    assert len(xla) == int(written(batch * L * D, CPU.ynn_reductions)), xla
+    assert written(batch * L * D, CPU.ynn_reductions) is (batch == 8)
+
+
+def test_a_written_scan_slice_is_read_only_by_its_reductions():
+    """Where XLA:CPU writes the slice (4096 elements), only the YNNPACK reduction reads that
+    buffer; the element-wise fusion that also reads the slice takes the ``dynamic-slice`` in and
+    reads the stacked input, so the buffer is free after the reduction. The model's readers of
+    the slice (``lifetimes.readers_of``, which its lifetime and the breadth-first order follow)
+    are the reduction alone."""
+    from autolayout.costmodel.lifetimes import readers_of
+
+    xs, w = jnp.ones((3, 8, L, D)), jnp.ones((D,))
+    text = jax.jit(_scan_norm).lower(xs, w).compile().as_text()
+    comps, body = _computations(text)
+    (sliced,) = _while_body_slices(text, f"f32[1,8,{L},{D}]")
+    users = [line for line in comps[body].splitlines() if re.search(rf"\(.*%{re.escape(sliced)}[,)]", line)]
+    assert users and all("kind=kCustom" in u and "__ynn_fusion" in u for u in users), users
+    graph = trace(_scan_norm, xs, w, dims=("layers b l d", "d"))
+    (op,) = [op for op in graph.ops() if op.kind == "reshape" and op.fn == "slice" and op.loop]
+    readers = readers_of(graph)[op.name]
+    assert len(readers) == len(users) and all(reduction(graph.op(r)) for r in readers), readers
+    assert any(op.name in graph.op(c).inputs for c in graph.consumers(op.name) if graph.op(c).kind == "elementwise")
 
 
 @pytest.mark.parametrize(("fn", "shapes", "want"), [

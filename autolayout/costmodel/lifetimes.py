@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.graph import Graph, Loop
+from autolayout.fusion import reduction
 
 __all__ = ["lifetimes", "body_lifetimes", "computations", "freed_at", "last_read_at", "schedule_points",
            "readers_of", "in_place_operand", "loop_state_chain"]
@@ -159,7 +160,11 @@ def schedule_points(graph: Graph) -> tuple[tuple[int, str | None, int, str | Non
 def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
     """For every tensor, the ops that read it from memory: its consumers, a fused
     consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
-    the ops it is fused into."""
+    the ops it is fused into. A scan's slice of a stacked input that a reduction reads
+    (``Op.reduction_shared``: XLA:CPU writes it for a YNNPACK reduction, which does not take
+    the ``dynamic-slice`` in) is read from memory by its reductions only: XLA's other fusions
+    take the ``dynamic-slice`` in and read the stacked input, so the slice's buffer is free after
+    its last reduction (``tests/test_recomputed.py``, against the optimized HLO)."""
     out: dict[str, tuple[str, ...]] = {}
 
     def of(name: str) -> tuple[str, ...]:
@@ -177,6 +182,10 @@ def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
 
     for name in graph.order:
         of(name)
+    for name in graph.order:  # a scan's slice written for its reductions: the others slice the stack (docstring)
+        op = graph.op(name)
+        if op.kind == "reshape" and op.reduction_shared:
+            out[name] = tuple(r for r in out[name] if reduction(graph.op(r)))
     return out
 
 
