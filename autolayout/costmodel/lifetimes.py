@@ -247,15 +247,21 @@ def _same_buffer(graph: Graph, src: str, name: str, sources: list[str], readers:
 def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, int]]:
     """Position in the body and last live position of each body tensor (carried values
     and values read outside the body live for the whole iteration; element-wise ops write
-    over an operand read for the last time, as at the top level)."""
+    over an operand read for the last time, as at the top level). In XLA:CPU's breadth-first
+    order (``graph`` a view of ``costmodel.order.breadth_first``) a value the scan stacks
+    (``Loop.stacks``) is written into its stack by a ``dynamic-update-slice`` queued as soon as
+    the value is ready, so its own buffer lives to its last reader in the body; in a sequential
+    order the body's outputs are written at its end (``tests/test_order.py``, against the while
+    body of the optimized HLO and its ``memory_analysis()``)."""
     order = {n: i for i, n in enumerate(lp.body)}
     end = len(lp.body)
     carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
     readers = readers_of(graph)
+    stacks = set(lp.stacks) if getattr(graph, "breadth_first_of", None) is not None else set()
     last = {}
     for n in lp.body:
         users = [order[c] for c in readers[n] if c in order]
-        outside = any(c not in order for c in readers[n])
+        outside = any(c not in order and c not in stacks for c in readers[n])
         last[n] = end if (n in carried or outside) else max(users, default=order[n])
     for n in lp.body:
         src = in_place_operand(graph, n, readers)
