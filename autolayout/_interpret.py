@@ -416,6 +416,7 @@ class _Tracer(_AlongRules):
                 return out
             raise self.unsupported(eqn, "a scatter-add along a size-1 axis other than the gradient of "
                                    "taking element 0")
+        into_zeros = ins[0].root is None and not np.any(np.asarray(ins[0].literal))  # fusion.scatter_into_zeros
         operand, idx, upd = (self.node_of(v, ctx) if v.root is None else v for v in ins)
         out = self.new_val(aval.shape, aval.dtype, ctx=ctx)
         operand = self.bind(operand, [(i, out.slots[i]) for i in range(len(aval.shape))], eqn, ctx)
@@ -427,7 +428,7 @@ class _Tracer(_AlongRules):
                      ctx[0], ctx[1], self.source(eqn))
         bounds = self._bounds_attrs(eqn, aval)
         p.attrs_fn = lambda name: (("indexed", name(out.slots[axis])),) + _batch_attr(
-            name, [out.slots[b] for b in ob]) + bounds
+            name, [out.slots[b] for b in ob]) + bounds + ((("into_zeros", True),) if into_zeros else ())
         self.add(p)
         return out
 

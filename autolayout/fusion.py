@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "duplicable", "topological", "with_fusion"]
+__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "duplicable", "scatter_into_zeros",
+           "topological", "with_fusion"]
 
 
 # Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
@@ -99,6 +100,21 @@ def reduction(op: Any) -> bool:
     return op.kind == "reduce" or (op.kind == "einsum" and len(op.inputs) == 1)
 
 
+def scatter_into_zeros(op: Any, users: Sequence[Any], outputs: set) -> bool:
+    """Whether ``op`` is a scatter-add into zeros (``Op.attr("into_zeros")``, set by the tracer)
+    whose one reader is an addition of its shape in its loop, and not a graph output: XLA's
+    ``AlgebraicSimplifier`` rewrites ``A + scatter(0, I, U)`` as ``scatter(A, I, U)``, written in
+    place over ``A`` (optax's integer-label cross-entropy gradient: ``take_along_axis``'s
+    transpose added to the softmax term is one ``wrapped_scatter`` reading the softmax term;
+    ``tests/test_fusion.py``, against the optimized HLO), so the scatter and its zeros take no
+    buffer: the addition's is the one written."""
+    if not (op.kind == "scatter" and op.attr("into_zeros") and op.name not in outputs and len(users) == 1):
+        return False
+    (u,) = users
+    return (u.kind == "elementwise" and u.fn in ("add", "add_any") and u.loop == op.loop
+            and u.output.dim_names == op.output.dim_names)
+
+
 def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     """Mark which tensors live in HBM. An elementwise op's output stays in registers/VMEM
     (is fused into its consumers, as XLA's loop fusion does) when every consumer is an
@@ -133,8 +149,9 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     value or slice is marked ``Op.reduction_shared``; the layout decides
     (``costmodel/recomputed.py``; the slice: ``tests/test_recomputed.py``, against the while
     body of the optimized HLO at 4096 and 2048 elements).
-    A tensor whose op has the :data:`ON_CHIP` attr stays on chip
-    too (a fused kernel's internal tensor) unless it is a graph output; everything else is
+    A scatter-add into zeros that one addition reads is computed in that addition, with its
+    zeros (:func:`scatter_into_zeros`). A tensor whose op has the :data:`ON_CHIP` attr stays on
+    chip too (a fused kernel's internal tensor) unless it is a graph output; everything else is
     materialised."""
     users: dict[str, list[Any]] = defaultdict(list)
     for op in ops:
@@ -148,6 +165,9 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             return True
         if op.attr(ON_CHIP):
             return False
+        if op.name in into_adds or (op.fn == "fill" and users.get(name) and all(
+                u.name in into_adds and u.inputs[0] == name for u in users[name])):
+            return False  # a scatter-add into zeros computed in place in its addition, and its zeros
         if op.kind != "elementwise" and not (op.kind == "reshape" and op.fn == "slice"):
             return True
         if name in identities:
@@ -156,6 +176,7 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
         return not us or any(not (u.kind == "elementwise" or reduction(u)) or u.loop != op.loop for u in us)
 
     identities = {op.name for op in ops if identity(op)}
+    into_adds = {op.name for op in ops if scatter_into_zeros(op, users.get(op.name, []), outputs)}
     mat: dict[str, bool] = {}
     shared: set[str] = set()  # written only for a reduction fusion: Op.reduction_shared
     sinks: dict[str, frozenset] = {}  # the materialised ops a fused value is computed in
@@ -171,7 +192,7 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced))
                                           or (reduced and op.kind == "reshape"))
             if m and ((op.kind == "elementwise" and not expensive(op) and duplicable(op)) or op.kind == "reshape"):
-                shared.add(op.name)  # only for the reduction's sake: recomputed (a slice read in place) below YNN's size
+                shared.add(op.name)  # for the reduction only: recomputed (a slice read in place) below YNN's size
             sinks[op.name] = into
         mat[op.name] = m
     def read(name: str) -> bool:  # an identity's reader reads its operand from memory

@@ -115,7 +115,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # operand's alive to its last reader, as XLA's bitcast does (costmodel/bitcasts.py): the attention's
     # length -> length_1 (linen_gpt) and length -> kv_length (nnx_llama) renames, which the breadth-first order
     # computes in the forward pass and held to the backward scan's dots
-    ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"),  # 1.168 -> 1.098
+    ("linen_gpt", "batch:data;heads:model;mlp:model|*:data@3"),  # 1.168 -> 1.098 (1.053: fusion.scatter_into_zeros)
     ("linen_gpt-donated", "batch:data;heads:model;mlp:model;vocab:model|*:data@2"),  # 1.188 -> 1.088
     ("nnx_llama", "batch:data;heads:model;mlp:model"),  # 1.138 -> 1.044 (0.86 before whole-call outputs)
     ("nnx_llama-donated", "batch:data;heads:model;mlp:model"),  # 1.131 -> 1.026
