@@ -183,6 +183,20 @@ def test_search_points_reproduce_predict_on_a_llama(hardware, remat):
     assert any(is_recomputed(n) for p in points for n in p)
 
 
+@pytest.mark.parametrize("hardware", ["cpu", "tpu-v5p"])
+def test_search_points_reproduce_predict_where_a_storage_shard_shrinks_a_scan_slice(hardware):
+    """The Flax GPT (``examples/linen_gpt.py``) under ``vocab:data;batch:model``, each storage
+    variant of it: a stacked parameter stored sharded shrinks its scan slices, some of them read by
+    reductions (``Op.reduction_shared``, written or not by the layout); the shard's change of such a
+    slice's bytes counts only where the layout writes it, as ``predict`` counts it (the search
+    had added the shard's -96 bytes to a slice it does not write; on a TPU none is written)."""
+    import memory_vs_xla as bench
+
+    graph, _ = bench.CASES["linen_gpt"][0]()
+    assert any(op.reduction_shared and op.kind == "reshape" for op in graph.ops())
+    search_peaks(graph, Mesh.parse(bench.MESH), get_hardware(hardware), [Layout.coerce("vocab:data;batch:model")])
+
+
 def test_search_points_reproduce_predict_on_mpt_70b_zero3():
     """MPT-70B as llm-foundry trains it on 64 H100 (``reporting.published_runs``: FULL_SHARD,
     activation checkpointing): the norm region's values are recomputed from sources stored outside

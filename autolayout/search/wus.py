@@ -40,6 +40,7 @@ from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.plan import Planner
+from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
@@ -289,8 +290,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                 if diff is None:
                     if sharded is None:
                         sharded = Planner(graph, mesh, axes_of, {pname: sh}, regs)
-                    diff = tbytes[key] = int(sharded.local_bytes(n) * stored_itemsize(graph, n, hw)
-                                             // graph.tensor(n).itemsize - _rules_bytes(tables, n, axes_of))
+                    diff = tbytes[key] = _stored_delta(tables, sharded, n, axes_of)
                 if diff:
                     dbytes[n] = diff
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
@@ -309,10 +309,20 @@ def _span_delta(inputs: tuple[str, ...], new: dict, old: tuple[int, ...]) -> tup
     return tuple((k, new.get(t, 0) - old[k]) for k, t in enumerate(inputs) if new.get(t, 0) != old[k])
 
 
-def _rules_bytes(tables: Tables, name: str, axes_of: dict) -> int:
-    t = tables.graph.tensor(name)
-    dims = tables.tensor_dims(t)
-    return int(tables.tensor_bytes(t)[tables.restrict(axes_of, dims)])
+def _stored_delta(tables: Tables, sharded: Planner, name: str, axes_of: dict) -> int:
+    """The change of stored tensor ``name``'s bytes with a storage shard (``sharded``) from the
+    rules alone, as ``predict`` counts them: a value a reduction fusion shares (a scan's slice of a
+    sharded stacked parameter among them) takes bytes only where its layout has XLA write it
+    (``costmodel.recomputed.written``, of its placement with the shard and under the rules)."""
+    graph, t = tables.graph, tables.graph.tensor(name)
+    own = sharded.local_bytes(name) * stored_itemsize(graph, name, tables.hw) // t.itemsize
+    if graph.op(name).reduction_shared:
+        if not written(sharded.stored(name).local_elements(sharded.sizes, sharded.mesh), tables.hw.ynn_reductions):
+            own = 0
+        dims, rules = tables.stored_bytes(t)
+    else:
+        dims, rules = tables.tensor_dims(t), tables.tensor_bytes(t)
+    return int(own - rules[tables.restrict(axes_of, dims)])
 
 
 def option_dims(tables: Tables, pname: str) -> tuple[str, ...]:
