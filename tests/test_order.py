@@ -113,7 +113,7 @@ def test_xla_cpu_writes_a_scan_output_into_its_stack_when_it_is_ready():
     walk = memory_order(g, CPU)
     order, last = body_lifetimes(walk, walk.loops[lp.name])
     assert last[a] == order[reader]
-    traced_order, traced_last = body_lifetimes(g, lp)
+    _, traced_last = body_lifetimes(g, lp)
     assert traced_last[a] == len(lp.body)
     m = compiled.memory_analysis()
     xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
