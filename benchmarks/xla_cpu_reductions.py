@@ -96,6 +96,16 @@ def xla_buffers(text: str, shape: str = LARGE) -> list[str]:
     return out
 
 
+def computations(text: str) -> tuple[dict[str, str], str | None]:
+    """The computations of optimized HLO ``text`` by name (their instruction lines), and the
+    name of its one ``while`` loop's body (None without a loop)."""
+    bodies = re.findall(r"body=%([\w.\-]+)", text)
+    comps = {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", text, re.S)}
+    if len(bodies) > 1:
+        raise ValueError(f"computations: the program has {len(bodies)} while loops, expected at most one")
+    return comps, (bodies[0] if bodies else None)
+
+
 def model_buffers(fn, args) -> list[str]:
     """The graph's materialised tensors of ``LARGE`` shape computed in the step."""
     g = trace(fn, *args)

@@ -6,7 +6,8 @@ breadth-first order peak differently, and the schedule's data flow.
 from __future__ import annotations
 
 import dataclasses
-import re
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,10 @@ from autolayout import execute, models, predict, trace
 from autolayout.costmodel.order import breadth_first, fifo_order, memory_order
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.graph import Loop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from xla_cpu_reductions import computations  # noqa: E402
 
 CPU = get_hardware("cpu")
 TRACED_CPU = dataclasses.replace(CPU, breadth_first_schedule=False)  # the same profile walking the traced order
@@ -100,9 +105,8 @@ def test_xla_cpu_writes_a_scan_output_into_its_stack_when_it_is_ready():
     args = jnp.ones((4, 256, 64)), jnp.ones((64, 128)), jnp.ones((128, 64))
     compiled = jax.jit(_stacked).lower(*args).compile()
     text = compiled.as_text()
-    (name,) = re.findall(r"body=%([\w.\-]+)", text)
-    body = re.search(rf"\n%?{re.escape(name)} [^\n]*\{{\n(.*?)\n\}}", text, re.S).group(1).splitlines()
-    kernels = [line for line in body if "fusion(" in line]
+    comps, name = computations(text)
+    kernels = [line for line in comps[name].splitlines() if "fusion(" in line]
     dus = [i for i, line in enumerate(kernels) if "dynamic-update-slice" in line]
     dots = [i for i, line in enumerate(kernels) if "kind=kCustom" in line]  # the four dots (YNNPACK fusions)
     assert len(dus) == 1 and len(dots) == 4 and dots[1] < dus[0] < dots[2], kernels

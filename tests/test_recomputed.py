@@ -24,7 +24,7 @@ from storage_variants import search_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from xla_cpu_reductions import xla_buffers  # noqa: E402
+from xla_cpu_reductions import computations, xla_buffers  # noqa: E402
 
 CPU = get_hardware("cpu")
 L, D = 16, 32
@@ -71,17 +71,11 @@ def _scan_norm(xs, w):
     return jax.lax.scan(body, jnp.zeros(xs.shape[1:]), xs)[0]
 
 
-def _computations(text: str) -> tuple[dict[str, str], str]:
-    """The computations of optimized HLO ``text`` by name, and the name of its ``while`` body."""
-    (body,) = re.findall(r"body=%([\w.\-]+)", text)
-    return {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", text, re.S)}, body
-
-
 def _while_body_slices(text: str, shape: str) -> list[str]:
     """The instructions of the ``while`` body of optimized HLO ``text`` that write a buffer of
     ``shape`` holding a dynamic slice (a ``dynamic-slice``, or a fusion whose computation only
     slices): XLA's materialised slices of a stacked input."""
-    comps, body = _computations(text)
+    comps, body = computations(text)
     out = []
     for line in comps[body].splitlines():
         m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[\d,]*\})? ([\w-]+)\(.*?(?:calls=%([\w.\-]+))?", line)
@@ -122,7 +116,7 @@ def test_a_written_scan_slice_is_read_only_by_its_reductions():
 
     xs, w = jnp.ones((3, 8, L, D)), jnp.ones((D,))
     text = jax.jit(_scan_norm).lower(xs, w).compile().as_text()
-    comps, body = _computations(text)
+    comps, body = computations(text)
     (sliced,) = _while_body_slices(text, f"f32[1,8,{L},{D}]")
     users = [line for line in comps[body].splitlines() if re.search(rf"\(.*%{re.escape(sliced)}[,)]", line)]
     assert users and all("kind=kCustom" in u and "__ynn_fusion" in u for u in users), users
