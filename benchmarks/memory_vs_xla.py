@@ -1,7 +1,8 @@
 """Predicted peak memory per device vs XLA's ``memory_analysis()`` of the executed program.
 
 For each executed layout of the zoo models (:mod:`autolayout.models`: mlp, transformer_lm,
-moe, llama; training steps and forward passes) and of the traced user models of
+moe, llama; training steps, some rematerialised, and forward passes; a transformer_lm whose
+vocabulary is large beside its width) and of the traced user models of
 ``examples/`` (Flax linen GPT, nnx LLaMA block, equinox block, a linen bf16 MLP and a top-2
 MoE with optax; traced as written, without donating their arguments, and again as a
 training loop runs them, donating their parameters and optimizer state: ``NAME-donated``),
@@ -71,7 +72,16 @@ ZOO_SIZES = {  # large enough that XLA's 64-byte buffer alignment is noise, smal
 }
 LM = ["", "batch:data,model", "batch:data;heads:model;d_ff:model", "batch:data;heads:model;d_ff:model;vocab:model",
       "batch:data,model|*:data,model@1", "batch:data,model|*:data,model@2", "batch:data,model|*:data,model@3",
-      "batch:data;heads:model;d_ff:model|*:data@3"]
+      "batch:data;heads:model;d_ff:model|*:data@3",
+      # rematerialisation (autolayout.remat): the backward scan recomputes the forward's layer
+      "|remat=full", "|remat=dots", "batch:data,model|remat=full", "batch:data;heads:model;d_ff:model|remat=dots",
+      "batch:data,model|*:data,model@3;remat=full"]
+# a language model whose vocabulary is large beside d_model (as in real ones: 32k-256k against
+# 1k-16k): its peak is the loss between the two scans, where the backward's gradient stacks are
+# already filled (costmodel/memory.py)
+LONG_VOCAB = dict(ZOO_SIZES["transformer_lm"], vocab=2048, n_layers=4)
+LONG_VOCAB_LAYOUTS = ["", "batch:data,model", "|remat=full", "batch:data,model|remat=full",
+                      "batch:data;heads:model;d_ff:model;vocab:model|remat=dots"]
 ZOO_LAYOUTS = {
     "mlp": ["", "batch:data,model", "batch:data;hidden:model", "hidden:data,model", "batch:data,model|*:data,model@1",
             "batch:data,model|*:data,model@2", "batch:data,model|*:data,model@3"],
@@ -154,10 +164,11 @@ def _donated(name: str) -> Callable[[], tuple[Any, Any]]:
 
 
 def _zoo(model: str, train: bool) -> Callable[[], tuple[Any, Any]]:
-    def build() -> tuple[Any, Any]:
-        g = models.MODELS[model](**ZOO_SIZES[model], train=train)
-        return g, models.example_args(g)
-    return build
+    return lambda: _built(models.MODELS[model](**ZOO_SIZES[model], train=train))
+
+
+def _built(g: Any) -> tuple[Any, Any]:
+    return g, models.example_args(g)
 
 
 CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
@@ -167,6 +178,8 @@ CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
     # the same steps traced as a training loop runs them, donating their state (XLA then writes the
     # updated state over the arguments' buffers: ``alias``)
     **{f"{m}-donated": (_donated(m), lays) for m, (_, lays) in USER.items()},
+    # last, so that --random draws the same layouts as before for the cases above
+    "transformer_lm-vocab-train": (lambda: _built(models.transformer_lm(**LONG_VOCAB)), LONG_VOCAB_LAYOUTS),
 }
 
 

@@ -33,12 +33,15 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
                 unit_of[n] = i
         else:
             unit_of[u] = i
-    # stacked outputs exist while their loop runs; a final carry is the loop state, which
-    # the body counts while it runs (its carried values), so it takes memory from its own unit
+    # a scan's stacked outputs exist from their zero fill: at the step's start in XLA:CPU's
+    # breadth-first order, else at the scan (memory module docstring); a final carry is the loop
+    # state, which the body counts while it runs (its carried values), so it takes memory from its
+    # own unit
+    early = getattr(graph, "breadth_first_of", None) is not None
     for i, u in enumerate(units):
         if isinstance(u, Loop):
             for n in u.stacks:
-                unit_of[n] = min(unit_of[n], i)
+                unit_of[n] = 0 if early else min(unit_of[n], i)
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     body_of = {n for lp in graph.loops.values() for n in lp.body}
