@@ -23,8 +23,9 @@ predicts liveness, cannot see.
 
 ``--random K`` measures ``K`` layouts per model drawn at random (``--seed``) from the exhaustive
 space of ``search.space.enumerate_layouts`` instead of the hand-picked table (every other one
-also sharding the weight update, ``|*:AXES@3``, where a plan takes it): the table was chosen to
-exercise the memory rules, so it is not a fair sample of what a user's layout meets.
+also sharding the weight update, ``|*:AXES@3``, where a plan takes it, and every third of a
+step with a backward scan rematerialised): the table was chosen to exercise the memory rules,
+so it is not a fair sample of what a user's layout meets.
 
 Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]
 [--random K --seed S]``
@@ -196,7 +197,9 @@ def cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
 def random_cases(k: int, seed: int, only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
     """``(model id, graph, args, layout)`` for ``k`` layouts per model of :data:`CASES` drawn at random
     (``search.space.draw_layouts``, seeded: ``seed``); every other draw also shards the weight
-    update at ZeRO stage 3 over ``data,model``, else ``data``, else ``model`` (the first a plan takes)."""
+    update at ZeRO stage 3 over ``data,model``, else ``data``, else ``model`` (the first a plan takes),
+    and in a step with a backward scan every third (from the second) is rematerialised, ``full`` and
+    ``dots`` in turn."""
     import random
 
     from autolayout.search.space import draw_layouts
@@ -206,7 +209,7 @@ def random_cases(k: int, seed: int, only: str | None = None) -> Iterator[tuple[s
         if only and only not in name:
             continue
         g, args = build()
-        for lay in draw_layouts(g, MESH, k, rng, shard_every=2, stage=3):
+        for lay in draw_layouts(g, MESH, k, rng, shard_every=2, stage=3, remat_every=3):
             yield name, g, args, str(lay)
 
 

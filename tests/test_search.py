@@ -847,3 +847,24 @@ def test_memory_floor_is_below_every_layouts_peak(name):
     with pytest.raises(SearchError, match="below the smallest peak memory") as exc:  # proven by the floor
         search(g, mesh, hardware="tpu-v3", memory_limit=floor - 1, shard_weight_update=False, **MTF)
     assert exc.value.reason == "memory"
+
+
+@pytest.mark.parametrize("name", ["transformer", "mlp_tiny"])
+def test_draw_layouts_rematerialise_every_third_where_a_backward_scan_is(name):
+    """``draw_layouts(..., remat_every=3)`` (``benchmarks/memory_vs_xla.py --random``) gives the
+    2nd, 5th, ... draw a remat policy, ``full`` and ``dots`` in turn, in a step whose forward scan
+    a backward scan reads (``remat.remat_pairs``), and none elsewhere; the draws are otherwise the
+    ones without it, and every one plans."""
+    import random
+
+    from autolayout.costmodel.plan import plan
+    from autolayout.search.space import draw_layouts
+
+    g = graph(name)
+    plain = draw_layouts(g, "data:2,model:4", 7, random.Random(3), shard_every=2, stage=3)
+    drawn = draw_layouts(g, "data:2,model:4", 7, random.Random(3), shard_every=2, stage=3, remat_every=3)
+    want = ["", "full", "", "", "dots", "", ""] if name == "transformer" else [""] * len(plain)
+    assert [lay.remat for lay in drawn] == want
+    assert [lay.with_remat(None) for lay in drawn] == plain
+    for lay in drawn:
+        plan(g, "data:2,model:4", lay)

@@ -197,17 +197,23 @@ class Space:
 
 
 def draw_layouts(graph: Graph, mesh: Any, k: int, rng: Any, *, shard_every: int = 3,
-                 stage: int | None = None) -> list[Layout]:
+                 stage: int | None = None, remat_every: int | None = None) -> list[Layout]:
     """``k`` layouts drawn at random (``rng.sample``) from :func:`enumerate_layouts`, distinct by
     :meth:`Layout.canonical`; every ``shard_every``-th also shards the weight update
     (``|*:AXES``, at ZeRO ``stage`` if given) over all the mesh's axes, else over the first
-    single axis a plan takes (a ``*`` entry a layout cannot take is a ``LayoutError``).
+    single axis a plan takes (a ``*`` entry a layout cannot take is a ``LayoutError``). With
+    ``remat_every``, where the graph has a backward scan to rematerialise
+    (``autolayout.remat.remat_pairs``), every ``remat_every``-th (counted from the second) also
+    takes a remat policy, ``full`` and ``dots`` in turn.
 
     The validation report (``reporting.measured``) and ``benchmarks/memory_vs_xla.py --random``
     draw their layouts with this.
     """
     from autolayout.core import LayoutError
     from autolayout.costmodel.plan import plan
+    from autolayout.remat import remat_pairs
+
+    policies = ("full", "dots") if remat_every and remat_pairs(graph) else ()
 
     mesh = Mesh.parse(mesh)
     names = list(mesh.axis_names)
@@ -224,6 +230,8 @@ def draw_layouts(graph: Graph, mesh: Any, k: int, rng: Any, *, shard_every: int 
                     continue
                 lay = wus
                 break
+        if policies and i % remat_every == min(1, remat_every - 1):
+            lay = lay.with_remat(policies[(i // remat_every) % 2])
         out.setdefault(lay.canonical(), lay)
     return list(out.values())
 
