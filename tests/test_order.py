@@ -6,7 +6,6 @@ breadth-first order peak differently, and the schedule's data flow.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from autolayout.graph import Loop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from xla_cpu_reductions import computations  # noqa: E402
+from xla_schedule_live import entry_instructions  # noqa: E402
 
 CPU = get_hardware("cpu")
 TRACED_CPU = dataclasses.replace(CPU, breadth_first_schedule=False)  # the same profile walking the traced order
@@ -125,13 +125,6 @@ def test_xla_cpu_writes_a_scan_output_into_its_stack_when_it_is_ready():
     assert abs(predict(g, "d:1", "", hardware=CPU).memory_bytes / xla - 1) <= 0.10
 
 
-def _fill_source(defs: dict, name: str) -> str:
-    """The instruction a value of the optimized HLO's entry comes from through ``copy``s."""
-    while " copy(%" in defs.get(name, ""):
-        name = defs[name].split(" copy(%")[1].split(")")[0]
-    return name
-
-
 def test_xla_cpu_fills_a_scans_stacks_at_the_step_start():
     """``jax.lax.scan``'s stacked outputs are loop state initialised with a broadcast of a zero
     constant; XLA:CPU's breadth-first schedule runs it right after the constant, before the forward
@@ -144,16 +137,18 @@ def test_xla_cpu_fills_a_scans_stacks_at_the_step_start():
                               length=32, remat=True)
     ex = execute(g, "data:2,model:4", "", repeats=1, reference=False,
                  compiler_options={"xla_backend_optimization_level": 0})
-    entry = ex.compiled_hlo_text[ex.compiled_hlo_text.index("\nENTRY"):].splitlines()
-    defs = {line.split(" = ")[0].strip().lstrip("%"): line for line in entry if " = " in line}
-    at = {name: i for i, name in enumerate(line.split(" = ")[0].strip().lstrip("%") for line in entry)}
-    whiles = [name for name, line in defs.items() if " while(%" in line]
+    entry = entry_instructions(ex.compiled_hlo_text)  # in schedule order
+    defs = {x["name"]: x for x in entry}
+    at = {x["name"]: i for i, x in enumerate(entry)}
+    whiles = [x["name"] for x in entry if x["opcode"] == "while"]
     assert len(whiles) == 2, whiles
-    forward, backward = sorted(whiles, key=at.__getitem__)
-    init = defs[defs[backward].split(" while(%")[1].split(")")[0]]
-    operands = re.findall(r"%([\w.\-]+)", init.split(" tuple(")[1])
-    fills = {_fill_source(defs, o) for o in operands}
-    fills = [f for f in fills if "broadcast" in f and " fusion(%constant" in defs[f]]
+    forward, backward = whiles
+    fills = set()
+    for name in defs[defs[backward]["operands"][0]]["operands"]:  # the backward while's initial tuple
+        while defs.get(name, {}).get("opcode") == "copy":  # a fill shared by two stacks is copied
+            name = defs[name]["operands"][0]
+        fills.add(name)
+    fills = [f for f in fills if "broadcast" in f and " fusion(%constant" in defs[f]["line"]]
     walk = memory_order(g, CPU)
     stacks = [u for u in walk.schedule if isinstance(u, Loop)][-1].stacks  # the backward scan's
     assert len(fills) >= 2 and stacks, (fills, stacks)  # the gradients of each stacked weight shape

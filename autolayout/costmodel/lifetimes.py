@@ -37,7 +37,7 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
     # breadth-first order, else at the scan (memory module docstring); a final carry is the loop
     # state, which the body counts while it runs (its carried values), so it takes memory from its
     # own unit
-    early = getattr(graph, "breadth_first_of", None) is not None
+    early = _breadth_first_view(graph)
     for i, u in enumerate(units):
         if isinstance(u, Loop):
             for n in u.stacks:
@@ -160,6 +160,11 @@ def schedule_points(graph: Graph) -> tuple[tuple[int, str | None, int, str | Non
     return tuple(out)
 
 
+def _breadth_first_view(graph: Graph) -> bool:
+    """Whether ``graph`` is a view in XLA:CPU's breadth-first order (``order.breadth_first``)."""
+    return getattr(graph, "breadth_first_of", None) is not None
+
+
 def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
     """For every tensor, the ops that read it from memory: its consumers, a fused
     consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
@@ -260,7 +265,7 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
     end = len(lp.body)
     carried = {c for c, _ in lp.carries} | {n for _, n in lp.carries}
     readers = readers_of(graph)
-    stacks = set(lp.stacks) if getattr(graph, "breadth_first_of", None) is not None else set()
+    stacks = set(lp.stacks) if _breadth_first_view(graph) else set()
     last = {}
     for n in lp.body:
         users = [order[c] for c in readers[n] if c in order]
