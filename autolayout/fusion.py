@@ -12,8 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "expensive", "identity", "duplicable", "scatter_into_zeros",
-           "topological", "with_fusion"]
+__all__ = ["ON_CHIP", "EXPENSIVE_ELEMENTWISE", "UNDUPLICATED_DTYPES", "expensive", "identity", "duplicable",
+           "scatter_into_zeros", "topological", "with_fusion"]
 
 
 # Op attr marking a tensor a fused kernel keeps on chip (never written to HBM), whatever its
@@ -72,6 +72,11 @@ def duplicable(op: Any) -> bool:
         return True
     sizes = {i: math.prod(d.size for d in s) for i, s in zip(op.inputs, op.input_shapes)}
     return sum(sizes.values()) <= math.prod(d.size for d in op.output.shape)
+
+
+# the dtypes (numpy names) of the cheap element-wise ops XLA computes once, into memory, where several
+# fusions read them, not duplicated into each (:func:`with_fusion`; float16 is duplicated, like float32)
+UNDUPLICATED_DTYPES = ("bfloat16",)
 
 
 def topological(ops: Sequence[Any], by_name: Mapping[str, Any]) -> list[Any]:
@@ -149,6 +154,14 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
     value or slice is marked ``Op.reduction_shared``; the layout decides
     (``costmodel/recomputed.py``; the slice: ``tests/test_recomputed.py``, against the while
     body of the optimized HLO at 4096 and 2048 elements).
+    A cheap element-wise op of dtype bfloat16 (:data:`UNDUPLICATED_DTYPES`) is not duplicated
+    either: where it would be fused into more than one materialised op, XLA computes it once, into
+    memory, in bfloat16 (measured in the optimized HLO of XLA:CPU, jax 0.10.2: ``y = -x`` read by
+    two fusions that each feed a dot is one ``negate_convert_fusion`` writing ``bf16``, where in
+    float16 and float32 each fusion recomputes it; a bias add after a bfloat16 dot, read by a ReLU
+    and by its backward select, is one ``add_convert_fusion``: ``tests/test_expensive_fusion.py``;
+    XLA:GPU's optimized HLO of the bfloat16 ``mlp-small`` of ``reports/gpu`` writes that add,
+    ``loop_add_fusion``, for its three readers too).
     A scatter-add into zeros that one addition reads is computed in that addition, with its
     zeros (:func:`scatter_into_zeros`). A tensor whose op has the :data:`ON_CHIP` attr stays on
     chip too (a fused kernel's internal tensor) unless it is a graph output; everything else is
@@ -175,6 +188,9 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
         us = users.get(name, [])
         return not us or any(not (u.kind == "elementwise" or reduction(u)) or u.loop != op.loop for u in us)
 
+    def undup(op: Any) -> bool:  # a cheap element-wise op XLA does not duplicate (docstring)
+        return op.kind == "elementwise" and op.output.dtype in UNDUPLICATED_DTYPES
+
     identities = {op.name for op in ops if identity(op)}
     into_adds = {op.name for op in ops if scatter_into_zeros(op, users.get(op.name, []), outputs)}
     mat: dict[str, bool] = {}
@@ -189,9 +205,11 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             # a reduction fusion reads beside another fusion: it is computed once, into memory;
             # a slice a reduction reads is written at its size (docstring)
             reduced = any(reduction(by_name[u]) for u in into)
-            m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced))
+            shared_half = len(into) > 1 and undup(op)
+            m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced or shared_half))
                                           or (reduced and op.kind == "reshape"))
-            if m and ((op.kind == "elementwise" and not expensive(op) and duplicable(op)) or op.kind == "reshape"):
+            if m and not shared_half and ((op.kind == "elementwise" and not expensive(op) and duplicable(op))
+                                          or op.kind == "reshape"):
                 shared.add(op.name)  # for the reduction only: recomputed (a slice read in place) below YNN's size
             sinks[op.name] = into
         mat[op.name] = m

@@ -150,7 +150,7 @@ USER: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
     "nnx_llama": (nnx_llama, ["", "batch:data,model", "batch:data;heads:model;mlp:model",
                               "batch:model;kv_heads:data|*:model@2"]),
     "equinox_block": (equinox_block, ["", "batch:data,model", "batch:data;heads:model;mlp:model|*:data@3"]),
-    "linen_bf16_mlp": (linen_bf16_mlp, ["", "batch:data,model", "batch:data;mlp:model|*:data@3"]),
+    "linen_bf16_mlp": (linen_bf16_mlp, ["", "batch:data,model", "batch:data;mlp:model|*:data@3", "embed:model"]),
     "top2_moe": (top2_moe, ["", "batch:data,model", "batch:data;experts:model", "batch:data;mlp:model|*:data@3"]),
 }
 
