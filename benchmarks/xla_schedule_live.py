@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 import zipfile
 
+from autolayout.exec.hlo import array_bytes
+
 __all__ = ["entry_instructions", "replay_peak", "main"]
 
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-             "f64": 8, "s64": 8, "u64": 8}
 _INSTRUCTION = re.compile(r"\s*(ROOT )?%(\S+) = (\(.*?\)|\S+) ([\w\-]+)\((.*)")
-_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
 
 
 def entry_instructions(hlo_text: str) -> list[dict]:
@@ -62,7 +60,7 @@ def entry_instructions(hlo_text: str) -> list[dict]:
 
 def _arrays(shape: str) -> list[int]:
     """Bytes of each array of an HLO shape (a tuple's elements in order)."""
-    return [_ITEMSIZE[t] * math.prod(int(d) for d in dims.split(",") if d) for t, dims in _ARRAY.findall(shape)]
+    return [b for _, _, b in array_bytes(shape)]
 
 
 def _assign(ins: list[dict], last_of: dict | None) -> tuple[dict, dict, dict, dict]:

@@ -347,6 +347,18 @@ def test_parse_collectives():
     assert cs[2].computation == "main.9" and cs[2].name == "psum.5"
 
 
+@pytest.mark.parametrize("shape, expected", [
+    ("f32[8,16]{1,0}", [("f32", "8,16", 512)]),
+    ("(f32[16]{0}, bf16[2,8]{1,0})", [("f32", "16", 64), ("bf16", "2,8", 32)]),
+    ("(s32[], pred[3], token[])", [("s32", "", 4), ("pred", "3", 3)]),  # a scalar; a token has no size
+    ("(bf16[4096,8192]{1,0}, s8[33554432]{0})", [("bf16", "4096,8192", 67108864), ("s8", "33554432", 33554432)]),
+], ids=["array", "tuple", "scalar-and-token", "cublas-workspace"])
+def test_array_bytes_by_hand(shape, expected):
+    from autolayout.exec.hlo import array_bytes
+
+    assert array_bytes(shape) == expected
+
+
 def test_parse_collectives_mesh_axes():
     """Replica groups list positions in the mesh's device array (row-major). On rows:2,cols:4:
     {{0,4},...} varies the row only; {{0,1},...} varies the column but holds 2 of its 4

@@ -72,16 +72,22 @@ class HloCollective:
         return f"{self.kind}({self.bytes}B, group {self.group_size}{axes}) {self.name} {self.shape}"
 
 
+def array_bytes(text: str) -> list[tuple[str, str, int]]:
+    """``(dtype, dims, bytes)`` of each array of an HLO shape, in order (a tuple's elements;
+    ``token`` and other types without a size are left out).
+
+    Example::
+
+        array_bytes("(bf16[4,8]{1,0}, f32[])")  # [("bf16", "4,8", 64), ("f32", "", 4)]
+    """
+    return [(dt, dims, _DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d))
+            for dt, dims in _SHAPE.findall(text) if dt in _DTYPE_BYTES]
+
+
 def _shapes_bytes(text: str) -> tuple[int, str, str]:
-    total, dtype, shapes = 0, "", []
-    for dt, dims in _SHAPE.findall(text):
-        if dt not in _DTYPE_BYTES:
-            continue
-        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-        total += n * _DTYPE_BYTES[dt]
-        dtype = dtype or dt
-        shapes.append(f"{dt}[{dims}]")
-    return total, dtype, ", ".join(shapes)
+    arrays = array_bytes(text)
+    return (sum(b for _, _, b in arrays), arrays[0][0] if arrays else "",
+            ", ".join(f"{dt}[{dims}]" for dt, dims, _ in arrays))
 
 
 def _groups(rest: str, num_devices: int) -> tuple[list[list[int]], str]:
