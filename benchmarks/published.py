@@ -79,16 +79,16 @@ WHY = {
                           "(hardware.async_collectives); the paper's 2018 program ran before XLA's "
                           "latency-hiding scheduler: without overlap the prediction is 54.8%. Its attention "
                           "materialised the scores (tpu-v2 prices no fused attention).",
-    "maxtext-32b-v5p-128": "Within 10 points. Fused attention removes the score traffic (+6.1 points over the "
+    "maxtext-32b-v5p-128": "Within 10 points. Fused attention removes the score traffic (+6.0 points over the "
                            "'before' column). The backward pass's tensor-parallel all-reduces (1.14 s) run "
                            "beside their weight-gradient matmuls (the overlap rule's independent work, as "
                            "Megatron-LM and XLA's latency-hiding scheduler run them); the forward ones between "
-                           "dependent matmuls (0.46 s) stay exposed: without them 65.9%. The 'dots' policy as "
-                           "priced saves every weight matmul's output: 147 GiB per chip at 28 sequences per "
+                           "dependent matmuls (0.46 s) stay exposed: without them 65.3%. The 'dots' policy as "
+                           "priced saves every weight matmul's output: 149 GiB per chip at 28 sequences per "
                            "chip (over the 95 GiB HBM); how MaxText's run fits is not modelled.",
     "maxtext-128b-v5p-256": "Within 10 points. As for 32B: fused attention +6.0 points, the backward "
                             "all-reduces beside their weight gradients, 0.31 s of forward tensor-parallel "
-                            "all-reduces exposed (without them 65.7%).",
+                            "all-reduces exposed (without them 65.1%).",
     "palm-540b-v4-6144": "Within 10 points. Fused attention and parallel layers +9.9 points over the 'before' "
                          "column: the attention and MLP branches' 12-way all-reduces run beside each "
                          "other's matmuls and the backward ones beside the weight gradients (the overlap "
@@ -100,7 +100,7 @@ WHY = {
                        "(profiles._GPU_EFFICIENCY_NOTE): FSDP only, every gather and reduce-scatter overlaps "
                        "compute (none exposed), so the prediction is compute time alone; fused attention removes "
                        "the score traffic (+15 points). The same framework on one node (the MPT-30B row: "
-                       "collectives on NVLink only) runs at 38.1% MFU where the profile predicts 52.9%: "
+                       "collectives on NVLink only) runs at 38.1% MFU where the profile predicts 52.7%: "
                        "llm-foundry reaches less of the H100 per GPU than the profile assumes. With the "
                        "efficiency measured on that one-node run (the calibrated columns) this row is within 10 "
                        "points.",
