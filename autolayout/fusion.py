@@ -188,9 +188,6 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
         us = users.get(name, [])
         return not us or any(not (u.kind == "elementwise" or reduction(u)) or u.loop != op.loop for u in us)
 
-    def undup(op: Any) -> bool:  # a cheap element-wise op XLA does not duplicate (docstring)
-        return op.kind == "elementwise" and op.output.dtype in UNDUPLICATED_DTYPES
-
     identities = {op.name for op in ops if identity(op)}
     into_adds = {op.name for op in ops if scatter_into_zeros(op, users.get(op.name, []), outputs)}
     mat: dict[str, bool] = {}
@@ -205,11 +202,12 @@ def with_fusion(ops: Sequence[Any], outputs: set) -> list[Any]:
             # a reduction fusion reads beside another fusion: it is computed once, into memory;
             # a slice a reduction reads is written at its size (docstring)
             reduced = any(reduction(by_name[u]) for u in into)
-            shared_half = len(into) > 1 and undup(op)
-            m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced or shared_half))
+            # nor a cheap bfloat16 one: written once, whatever reads it (docstring)
+            written_once = len(into) > 1 and op.kind == "elementwise" and op.output.dtype in UNDUPLICATED_DTYPES
+            m = not op.attr(ON_CHIP) and ((len(into) > 1 and (expensive(op) or reduced or written_once))
                                           or (reduced and op.kind == "reshape"))
-            if m and not shared_half and ((op.kind == "elementwise" and not expensive(op) and duplicable(op))
-                                          or op.kind == "reshape"):
+            if m and not written_once and ((op.kind == "elementwise" and not expensive(op) and duplicable(op))
+                                           or op.kind == "reshape"):
                 shared.add(op.name)  # for the reduction only: recomputed (a slice read in place) below YNN's size
             sinks[op.name] = into
         mat[op.name] = m
