@@ -12,6 +12,7 @@ from typing import Mapping
 
 from autolayout.costmodel.dotcopy import accepted_orders
 from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
+from autolayout.fusion import duplicable
 from autolayout.graph import Graph, Loop
 
 __all__ = ["copy_spans", "copy_span_bytes", "copy_transient_bytes"]
@@ -86,8 +87,15 @@ def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int]
     0). Where contractions read an element-wise value in two orders and the value takes over an
     operand's buffer (:func:`in_place_operand`), its copy is computed from that operand by a
     second fusion, so the operand is still live where the value is produced: one more buffer of
-    the copy's bytes there (the operand has the value's shape and dtype). Copies of arguments and of values from outside the
-    loop body count at their dot (:func:`copy_transient_bytes`)."""
+    the copy's bytes there (the operand has the value's shape and dtype). That holds where XLA
+    recomputes the value in the copy's fusion; where it writes the value once and the copy reads
+    it (:func:`_copy_reads_value`: a value it may not duplicate that a dot reads with no bitcast
+    between them, as a rematerialised layer's ReLU backward select of two recomputed
+    contractions), the copy is a fusion of its own after the value's producer, so every copy of
+    the value is placed from the op after that producer, and no operand is held for it
+    (``tests/test_copies.py``, against the optimized HLO and ``memory_analysis()``). Copies of
+    arguments and of values from outside the loop body count at their dot
+    (:func:`copy_transient_bytes`)."""
     return _copy_groups(graph)[1]
 
 
@@ -103,10 +111,10 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
 
     def place(loop: str | None, t: str, born: int, dies: int, pos: Mapping[str, int],
               gone: Mapping[str, int]) -> None:
-        src = graph.op(t)
-        if src.output.role in ("input", "param", "opt_state") or not src.materialised:
+        producer = graph.op(t)
+        if producer.output.role in ("input", "param", "opt_state") or not producer.materialised:
             return
-        own = tuple(d.name for d in src.output.shape if full[d.name] > 1)
+        own = tuple(d.name for d in producer.output.shape if full[d.name] > 1)
         reads = []  # (position, op, operand index, the orders it reads in place)
         for c in readers[t]:
             op = graph.op(c)
@@ -134,7 +142,10 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         spans = out.setdefault(loop, [])
         src = in_place_operand(graph, t, readers)
         copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
-        if src in gone and gone[src] == born - 1 and copying:
+        # the copies read t, written once: each is a fusion of its own after t's producer
+        # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on
+        start = born + 1 if producer.kind == "elementwise" and _copy_reads_value(graph, t, reads, full) else born
+        if src in gone and gone[src] == born - 1 and copying and start == born:
             # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
             spans.append((copying[0][1], copying[0][2], born, born))
         for i, g in enumerate(groups):
@@ -143,7 +154,7 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
             in_place = any(own in r[3] for r in g)  # its buffer is the original: the owner's is a copy
             by = ends[owner] if in_place else ends[i]
             if by[1] is not None:
-                spans.append((by[1], by[2], born, ends[i][0]))
+                spans.append((by[1], by[2], start, ends[i][0]))
 
     for lp in graph.loops.values():
         order, last = body_lifetimes(graph, lp)
@@ -153,6 +164,99 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
     for n in alloc:
         place(None, n, alloc[n], free[n], top, free)
     return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+
+
+def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]) -> bool:
+    """Whether XLA:CPU writes element-wise ``t`` once, from its own fusion, and computes its dot
+    operand copy from it (:func:`copy_spans`), rather than recomputing ``t`` in the copy's fusion
+    from ``t``'s operands. It does where ``t`` is one XLA may not duplicate
+    (:func:`~autolayout.fusion.duplicable`: it reads several operands of its size) and a
+    contraction reading ``t`` in place reads the very array XLA computes ``t`` as, with no bitcast
+    between them (its dims grouped as XLA computes it, :func:`_hlo_groups`, are the groups the
+    dot's canonical form reads: ``DotDecomposer``'s batch dims, free dims as one, contracting dims
+    as one): that dot cannot fuse ``t``, so ``InstructionFusion`` does not duplicate it into the
+    copy either. A reader through a bitcast is a loop fusion (``select_bitcast_fusion``), as the
+    copy is (``copy_bitcast_fusion``), and XLA recomputes ``t`` in each (measured in XLA:CPU's
+    optimized HLO, jax 0.10.2: ``tests/test_memory_rules.py``)."""
+    if duplicable(graph.op(t)):
+        return False
+    own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
+    groups = _hlo_groups(graph).get(t)
+    return any(c is not None and own in orders and groups in _dot_operand_groups(graph.op(c), k, full)
+               for _, c, k, orders in reads)
+
+
+def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[str, ...], ...]]:
+    """The groupings of operand ``k``'s dims (of size > 1) that contraction ``op``'s canonical form
+    reads without a reshape: each batch dim alone, then the free and the contracting dims as one
+    group each, in either order where each is one dim (:func:`~autolayout.costmodel.dotcopy.accepted_orders`)."""
+    shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
+    out = [d.name for d in op.output.shape if full[d.name] > 1]
+    batch = [(d,) for d in out if d in shapes[0] and d in shapes[1]]
+    contract = tuple(d for d in shapes[0] if d in shapes[1] and (d,) not in batch)
+    free = tuple(d for d in out if d in shapes[k] and (d,) not in batch)
+    pair = [g for g in ((free, contract) if k == 0 else (contract, free)) if g]
+    found = {tuple(batch + pair)}
+    if len(free) <= 1 and len(contract) <= 1:
+        found.add(tuple(batch + pair[::-1]))
+    return found
+
+
+@lru_cache(maxsize=256)
+def _hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """For every tensor, its dims (of size > 1) grouped as the array XLA computes it in.
+
+    A contraction's output is ``dot_general``'s after ``DotDecomposer`` collapsed its operands
+    (each batch dim, the lhs's free dims as one, the rhs's as one), reshaped to the graph's dims
+    after it. XLA's ``ReshapeMover`` sinks such reshapes below element-wise ops, pass after pass:
+    an op is computed in the collapsed grouping where every operand of its rank is such a reshape
+    of one grouping, in the op's own dim order, its other operands are scalars, and every reader
+    of each reshaped operand is sunk too (a reshape is not duplicated: an operand with another
+    reader, or that is a graph output or a loop's carried value, keeps every reader in its own
+    dims). Anything else is computed in its own dims. Measured (XLA:CPU, jax 0.10.2, the
+    optimized HLO of ``tests/test_memory_rules.py``'s programs): ``where(a > 0, c, 0)`` and
+    ``a * c`` of two ``bld,df->blf`` dots are computed as ``[b*l, f]``; not with a bias ``[f]``
+    added to ``a``, nor with an argument ``[b, l, f]`` for ``c``, nor where ``a`` is read by
+    another op that cannot sink."""
+    full = {d.name: d.size for op in graph.ops() for d in op.dims}
+    kept = {o.tensor for o in graph.outputs if o.tensor} | {n for lp in graph.loops.values() for _, n in lp.carries}
+    own = {op.name: tuple((d.name,) for d in op.output.shape if full[d.name] > 1) for op in graph.ops()}
+    sunk: dict[str, tuple[tuple[str, ...], ...]] = {}  # tensors XLA computes collapsed, as a reshape's operand
+    for op in graph.ops():
+        if op.kind == "einsum" and len(op.inputs) == 2:
+            dims = tuple(g[0] for g in own[op.name])
+            shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
+            batch = tuple(d for d in dims if d in shapes[0] and d in shapes[1])
+            sides = [tuple(d for d in dims if d in s and d not in batch) for s in shapes]
+            groups = tuple((d,) for d in batch) + tuple(g for g in sides if g)
+            if dims == batch + sides[0] + sides[1] and groups != own[op.name]:
+                sunk[op.name] = groups
+
+    def candidate(op) -> tuple[tuple[str, ...], ...] | None:
+        if op.kind != "elementwise" or op.name in sunk:
+            return None
+        ranks = [sum(full[d.name] > 1 for d in s) for s in op.input_shapes]
+        dims = tuple(g[0] for g in own[op.name])
+        groups = {sunk.get(i) if tuple(d.name for d in s if full[d.name] > 1) == dims else None
+                  for i, s, r in zip(op.inputs, op.input_shapes, ranks) if r}
+        if len(groups) != 1 or None in groups or any(r and r != len(dims) for r in ranks):
+            return None
+        return groups.pop()
+
+    changed = True
+    while changed:  # one ReshapeMover pass per round, to a fixed point
+        cands = {op.name: g for op in graph.ops() if (g := candidate(op)) is not None}
+        dropped = True
+        while dropped:  # a reshape with a reader that does not sink stays where it is
+            dropped = False
+            for n in list(cands):
+                if any(i in sunk and (i in kept or any(c not in cands for c in graph.consumers(i)))
+                       for i in graph.op(n).inputs):
+                    del cands[n]
+                    dropped = True
+        sunk.update(cands)
+        changed = bool(cands)
+    return {**own, **sunk}
 
 
 def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:

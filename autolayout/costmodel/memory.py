@@ -36,7 +36,8 @@ holds the two side by side):
   buffer: ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, element-wise users; the same
   dims in another order where dots alone read the result, ``lifetimes._same_buffer``;
   :func:`~autolayout.costmodel.lifetimes.in_place_operand`; where contractions read that result in two orders on a backend
-  that copies dot operands, the operand stays live beside it: :func:`~autolayout.costmodel.copies.copy_spans`).
+  that copies dot operands, the operand stays live beside it where the copy recomputes the result
+  from it: :func:`~autolayout.costmodel.copies.copy_spans`).
 
 A scan is one step of the schedule: its body adds the peak of one iteration's own tensors (an
 iteration's temporaries are freed before the next). Its stacked outputs are loop state that
