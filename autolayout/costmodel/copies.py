@@ -12,6 +12,7 @@ from typing import Mapping
 
 from autolayout.costmodel.dotcopy import accepted_orders
 from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
+from autolayout.costmodel.reshapes import hlo_groups
 from autolayout.fusion import duplicable
 from autolayout.graph import Graph, Loop
 
@@ -172,7 +173,7 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
     from ``t``'s operands. It does where ``t`` is one XLA may not duplicate
     (:func:`~autolayout.fusion.duplicable`: it reads several operands of its size) and a
     contraction reading ``t`` in place reads the very array XLA computes ``t`` as, with no bitcast
-    between them (its dims grouped as XLA computes it, :func:`_hlo_groups`, are the groups the
+    between them (its dims grouped as XLA computes it, :func:`~autolayout.costmodel.reshapes.hlo_groups`, are the groups the
     dot's canonical form reads: ``DotDecomposer``'s batch dims, free dims as one, contracting dims
     as one): that dot cannot fuse ``t``, so ``InstructionFusion`` does not duplicate it into the
     copy either. A reader through a bitcast is a loop fusion (``select_bitcast_fusion``), as the
@@ -181,7 +182,7 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
     if duplicable(graph.op(t)):
         return False
     own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
-    groups = _hlo_groups(graph).get(t)
+    groups = hlo_groups(graph).get(t)
     return any(c is not None and own in orders and groups in _dot_operand_groups(graph.op(c), k, full)
                for _, c, k, orders in reads)
 
@@ -200,63 +201,6 @@ def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[
     if len(free) <= 1 and len(contract) <= 1:
         found.add(tuple(batch + pair[::-1]))
     return found
-
-
-@lru_cache(maxsize=256)
-def _hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
-    """For every tensor, its dims (of size > 1) grouped as the array XLA computes it in.
-
-    A contraction's output is ``dot_general``'s after ``DotDecomposer`` collapsed its operands
-    (each batch dim, the lhs's free dims as one, the rhs's as one), reshaped to the graph's dims
-    after it. XLA's ``ReshapeMover`` sinks such reshapes below element-wise ops, pass after pass:
-    an op is computed in the collapsed grouping where every operand of its rank is such a reshape
-    of one grouping, in the op's own dim order, its other operands are scalars, and every reader
-    of each reshaped operand is sunk too (a reshape is not duplicated: an operand with another
-    reader, or that is a graph output or a loop's carried value, keeps every reader in its own
-    dims). Anything else is computed in its own dims. Measured (XLA:CPU, jax 0.10.2, the
-    optimized HLO of ``tests/test_memory_rules.py``'s programs): ``where(a > 0, c, 0)`` and
-    ``a * c`` of two ``bld,df->blf`` dots are computed as ``[b*l, f]``; not with a bias ``[f]``
-    added to ``a``, nor with an argument ``[b, l, f]`` for ``c``, nor where ``a`` is read by
-    another op that cannot sink."""
-    full = {d.name: d.size for op in graph.ops() for d in op.dims}
-    kept = {o.tensor for o in graph.outputs if o.tensor} | {n for lp in graph.loops.values() for _, n in lp.carries}
-    own = {op.name: tuple((d.name,) for d in op.output.shape if full[d.name] > 1) for op in graph.ops()}
-    sunk: dict[str, tuple[tuple[str, ...], ...]] = {}  # tensors XLA computes collapsed, as a reshape's operand
-    for op in graph.ops():
-        if op.kind == "einsum" and len(op.inputs) == 2:
-            dims = tuple(g[0] for g in own[op.name])
-            shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
-            batch = tuple(d for d in dims if d in shapes[0] and d in shapes[1])
-            sides = [tuple(d for d in dims if d in s and d not in batch) for s in shapes]
-            groups = tuple((d,) for d in batch) + tuple(g for g in sides if g)
-            if dims == batch + sides[0] + sides[1] and groups != own[op.name]:
-                sunk[op.name] = groups
-
-    def candidate(op) -> tuple[tuple[str, ...], ...] | None:
-        if op.kind != "elementwise" or op.name in sunk:
-            return None
-        ranks = [sum(full[d.name] > 1 for d in s) for s in op.input_shapes]
-        dims = tuple(g[0] for g in own[op.name])
-        groups = {sunk.get(i) if tuple(d.name for d in s if full[d.name] > 1) == dims else None
-                  for i, s, r in zip(op.inputs, op.input_shapes, ranks) if r}
-        if len(groups) != 1 or None in groups or any(r and r != len(dims) for r in ranks):
-            return None
-        return groups.pop()
-
-    changed = True
-    while changed:  # one ReshapeMover pass per round, to a fixed point
-        cands = {op.name: g for op in graph.ops() if (g := candidate(op)) is not None}
-        dropped = True
-        while dropped:  # a reshape with a reader that does not sink stays where it is
-            dropped = False
-            for n in list(cands):
-                if any(i in sunk and (i in kept or any(c not in cands for c in graph.consumers(i)))
-                       for i in graph.op(n).inputs):
-                    del cands[n]
-                    dropped = True
-        sunk.update(cands)
-        changed = bool(cands)
-    return {**own, **sunk}
 
 
 def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:

@@ -13,8 +13,9 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
-from autolayout.graph import Graph, Loop
+from autolayout.costmodel.reshapes import hlo_groups
 from autolayout.fusion import reduction
+from autolayout.graph import Graph, Loop
 
 __all__ = ["lifetimes", "body_lifetimes", "computations", "freed_at", "last_read_at", "schedule_points",
            "readers_of", "in_place_operand", "loop_state_chain"]
@@ -202,7 +203,17 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
     materialised tensor it reads (directly or through fused element-wise ops) with the same
     dims and dtype, not an argument or output (XLA never overwrites those unless donated), in
     the output's order or in another one XLA computes the op in (:func:`_same_buffer`).
-    Whether that read is the operand's last is the caller's check."""
+    Whether that read is the operand's last is the caller's check.
+
+    In XLA:CPU's order (the breadth-first view), not an operand XLA computes in another shape
+    than the op (:func:`~autolayout.costmodel.reshapes.hlo_groups`: a contraction's collapsed
+    result the op reads through a bitcast): the op's fusion reads that operand through a bitcast,
+    which is not an element-wise use of it, so XLA shares no buffer
+    (``HloDataflowAnalysis::CanShareOperandBufferWithUser``; the SwiGLU product
+    ``silu(gate) * up`` of two dots is a ``multiply_bitcast_fusion`` with a buffer of its own;
+    ``tests/test_copies.py``, against ``memory_analysis()``). Not applied on other orders: XLA:GPU's
+    buffer sharing is not measured here (applied there it moves one step of ``reports/gpu``,
+    llama-1b, 0.960 -> 0.965)."""
     op = graph.op(name)
     if op.kind != "elementwise" or not op.materialised:
         return None
@@ -220,8 +231,11 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
             stack.extend(src.inputs)  # fused into this op: read its operands
             continue
         sources.append(n)
+    groups = hlo_groups(graph) if _breadth_first_view(graph) else None
     for n in sources:
         t = graph.tensor(n)
+        if groups is not None and set(groups[n]) != set(groups[name]):
+            continue  # read through a bitcast (docstring)
         if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
                 and t.dtype == op.output.dtype and _same_buffer(graph, n, name, sources, readers)):
             return n
