@@ -165,6 +165,9 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # stopped writing over it (lifetimes.in_place_operand, costmodel/reshapes.py: the SwiGLU product, XLA's
     # multiply_bitcast_fusion, has a buffer of its own); drawn at random (--random 6 --seed 7)
     ("llama-forward", "vocab:model;length_1:model"),  # 0.866 -> 0.927
+    # before -> after an element-wise op stopped writing over a scan's slice of a stacked input, which its fusion
+    # does not read (it reads the stacked input through its dynamic-slice: lifetimes.in_place_operand)
+    ("llama-train", "d_model:model;d_kv:data;rotary:model;pair:data"),  # 1.070 -> 1.039 (--random 6 --seed 7)
 ]
 
 OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)

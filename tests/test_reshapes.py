@@ -79,3 +79,33 @@ def test_model_writes_v_over_an_operand_only_where_xla_computes_it_collapsed(nam
     m = jax.jit(_fn(value), keep_unused=True).lower(*args).compile().memory_analysis()
     xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     assert 0 <= xla - predict(g, "data:1", "", hardware=CPU).memory_bytes <= 16
+
+
+def _scan_fn(xs, w, w2):
+    """A scan whose body reads its slice x of xs in a contraction (XLA writes the slice for it) and
+    in an element-wise ``m = 3 x``, whose last reader is a second contraction."""
+    def body(c, x):
+        return c + x @ w + (x * 3.0) @ w2, None
+    out, _ = jax.lax.scan(body, jnp.zeros((256, 128)), xs)
+    return out
+
+
+def test_an_element_wise_op_does_not_write_over_a_scan_slice():
+    """The optimized HLO: the slice is written for the dot (``dynamic-slice_bitcast_fusion``) and
+    ``m``'s fusion reads the stacked input, not that buffer, so it cannot write over it; the model
+    (on XLA:CPU's order) writes ``m`` over no operand, and its peak is XLA's figure to the 68 bytes
+    of the loop's counters XLA counts beyond it."""
+    args = (jnp.ones((4, 256, 128)), jnp.ones((128, 128)), jnp.ones((128, 128)))
+    compiled = jax.jit(_scan_fn, keep_unused=True).lower(*args).compile()
+    text = compiled.as_text()
+    mul = re.search(r"%broadcast_multiply_fusion\S* = f32\[256,128\]\S* fusion\(([^)]*)\)", text)
+    assert mul and "dynamic-slice" not in mul.group(1) and re.search(r"%dynamic-slice_bitcast_fusion\S* = ", text)
+    g = trace(_scan_fn, *args)
+    view = memory_order(g, CPU)
+    (lp,) = view.loops.values()
+    (m,) = [n for n in lp.body if view.op(n).fn == "mul"]
+    assert view.op(view.op(m).inputs[0]).fn == "slice"
+    assert in_place_operand(view, m, readers_of(view)) is None
+    ma = compiled.memory_analysis()
+    xla = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
+    assert 0 <= xla - predict(g, "data:1", "", hardware=CPU).memory_bytes <= 68

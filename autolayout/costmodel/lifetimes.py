@@ -205,15 +205,23 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
     the output's order or in another one XLA computes the op in (:func:`_same_buffer`).
     Whether that read is the operand's last is the caller's check.
 
-    In XLA:CPU's order (the breadth-first view), not an operand XLA computes in another shape
-    than the op (:func:`~autolayout.costmodel.reshapes.hlo_groups`: a contraction's collapsed
+    Two rules of XLA:CPU, applied in its order (the breadth-first view). Not a scan body's slice
+    of a stacked input: an element-wise fusion takes the ``dynamic-slice`` in and reads the
+    stacked input (:func:`~autolayout.fusion.with_fusion`), not the slice's buffer, which XLA
+    writes only for other readers such as a dot (``dynamic-slice_bitcast_fusion``), so the op
+    cannot write over it (``remat=dots``'s ReLU backward select of the saved pre-activation's
+    mask: ``select_bitcast_fusion`` reads the loop state, at an offset of its own;
+    ``tests/test_reshapes.py``).
+
+    And not an operand XLA computes in another shape than the op
+    (:func:`~autolayout.costmodel.reshapes.hlo_groups`: a contraction's collapsed
     result the op reads through a bitcast): the op's fusion reads that operand through a bitcast,
     which is not an element-wise use of it, so XLA shares no buffer
     (``HloDataflowAnalysis::CanShareOperandBufferWithUser``; the SwiGLU product
     ``silu(gate) * up`` of two dots is a ``multiply_bitcast_fusion`` with a buffer of its own;
-    ``tests/test_copies.py``, against ``memory_analysis()``). Not applied on other orders: XLA:GPU's
-    buffer sharing is not measured here (applied there it moves one step of ``reports/gpu``,
-    llama-1b, 0.960 -> 0.965)."""
+    ``tests/test_reshapes.py``, against ``memory_analysis()``). Neither is applied on other orders:
+    XLA:GPU's buffer sharing is not measured here (applied there, the first moves no step of
+    ``reports/gpu`` and the second one, llama-1b, 0.960 -> 0.965) and the TPU anchors are not."""
     op = graph.op(name)
     if op.kind != "elementwise" or not op.materialised:
         return None
@@ -231,11 +239,13 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
             stack.extend(src.inputs)  # fused into this op: read its operands
             continue
         sources.append(n)
-    groups = hlo_groups(graph) if _breadth_first_view(graph) else None
+    cpu = _breadth_first_view(graph)  # XLA:CPU's order: the two rules measured there (docstring)
+    groups = hlo_groups(graph) if cpu else None
     for n in sources:
         t = graph.tensor(n)
-        if groups is not None and set(groups[n]) != set(groups[name]):
-            continue  # read through a bitcast (docstring)
+        sliced = graph.op(n).kind == "reshape" and graph.op(n).fn == "slice"
+        if cpu and (sliced or set(groups[n]) != set(groups[name])):
+            continue  # a scan's slice (the fusion reads the stacked input), or read through a bitcast
         if (t.role not in ("input", "param", "opt_state") and n not in outputs and name in readers[n]
                 and t.dtype == op.output.dtype and _same_buffer(graph, n, name, sources, readers)):
             return n
