@@ -173,12 +173,13 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
     from ``t``'s operands. It does where ``t`` is one XLA may not duplicate
     (:func:`~autolayout.fusion.duplicable`: it reads several operands of its size) and a
     contraction reading ``t`` in place reads the very array XLA computes ``t`` as, with no bitcast
-    between them (its dims grouped as XLA computes it, :func:`~autolayout.costmodel.reshapes.hlo_groups`, are the groups the
-    dot's canonical form reads: ``DotDecomposer``'s batch dims, free dims as one, contracting dims
-    as one): that dot cannot fuse ``t``, so ``InstructionFusion`` does not duplicate it into the
-    copy either. A reader through a bitcast is a loop fusion (``select_bitcast_fusion``), as the
-    copy is (``copy_bitcast_fusion``), and XLA recomputes ``t`` in each (measured in XLA:CPU's
-    optimized HLO, jax 0.10.2: ``tests/test_memory_rules.py``)."""
+    between them (its dims grouped as XLA computes it,
+    :func:`~autolayout.costmodel.reshapes.hlo_groups`, are the groups the dot's canonical form
+    reads: ``DotDecomposer``'s batch dims, free dims as one, contracting dims as one): that dot
+    cannot fuse ``t``, so ``InstructionFusion`` does not duplicate it into the copy either. A
+    reader through a bitcast is a loop fusion (``select_bitcast_fusion``), as the copy is
+    (``copy_bitcast_fusion``), and XLA recomputes ``t`` in each (measured in XLA:CPU's optimized
+    HLO, jax 0.10.2: ``tests/test_copies.py``)."""
     if duplicable(graph.op(t)):
         return False
     own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
@@ -190,7 +191,8 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
 def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[str, ...], ...]]:
     """The groupings of operand ``k``'s dims (of size > 1) that contraction ``op``'s canonical form
     reads without a reshape: each batch dim alone, then the free and the contracting dims as one
-    group each, in either order where each is one dim (:func:`~autolayout.costmodel.dotcopy.accepted_orders`)."""
+    group each, in either order where each is one dim
+    (:func:`~autolayout.costmodel.dotcopy.accepted_orders`)."""
     shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
     out = [d.name for d in op.output.shape if full[d.name] > 1]
     batch = [(d,) for d in out if d in shapes[0] and d in shapes[1]]

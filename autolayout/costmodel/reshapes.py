@@ -26,7 +26,8 @@ def hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
     operands are scalars, and every reader of each reshaped operand is sunk too (a reshape is not
     duplicated: an operand with another reader, or that is a graph output or a loop's carried
     value, keeps every reader in its own dims). Anything else is computed in its own dims, one
-    group per dim. Measured (XLA:CPU, jax 0.10.2, the optimized HLO of ``tests/test_copies.py``):
+    group per dim. Measured (XLA:CPU, jax 0.10.2, the optimized HLO of ``tests/test_copies.py``
+    and ``tests/test_reshapes.py``):
     ``where(a > 0, c, 0)`` and ``a * c`` of two ``bld,df->blf`` dots are computed as ``[b*l, f]``;
     not with a bias ``[f]`` added to ``a``, nor with an argument ``[b, l, f]`` for ``c``, nor where
     ``a`` is also read by an op that does not sink in the same pass (``a * logistic(a) * c``)."""
