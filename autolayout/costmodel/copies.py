@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from autolayout.costmodel.dotcopy import accepted_orders
+from autolayout.costmodel.dotcopy import accepted_orders, canonical_dims
 from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
 from autolayout.costmodel.reshapes import hlo_groups
 from autolayout.fusion import duplicable
@@ -145,7 +145,7 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
         # the copies read t, written once: each is a fusion of its own after t's producer
         # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on
-        start = born + 1 if producer.kind == "elementwise" and _copy_reads_value(graph, t, reads, full) else born
+        start = born + 1 if producer.kind == "elementwise" and _copy_reads_value(graph, t, own, reads, full) else born
         if src in gone and gone[src] == born - 1 and copying and start == born:
             # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
             spans.append((copying[0][1], copying[0][2], born, born))
@@ -167,7 +167,7 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
     return frozenset(placed), {k: tuple(v) for k, v in out.items()}
 
 
-def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]) -> bool:
+def _copy_reads_value(graph: Graph, t: str, own: tuple[str, ...], reads: list, full: Mapping[str, int]) -> bool:
     """Whether XLA:CPU writes element-wise ``t`` once, from its own fusion, and computes its dot
     operand copy from it (:func:`copy_spans`), rather than recomputing ``t`` in the copy's fusion
     from ``t``'s operands. It does where ``t`` is one XLA may not duplicate
@@ -182,7 +182,6 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
     HLO, jax 0.10.2: ``tests/test_copies.py``)."""
     if duplicable(graph.op(t)):
         return False
-    own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
     groups = hlo_groups(graph).get(t)
     return any(c is not None and own in orders and groups in _dot_operand_groups(graph.op(c), k, full)
                for _, c, k, orders in reads)
@@ -190,18 +189,15 @@ def _copy_reads_value(graph: Graph, t: str, reads: list, full: Mapping[str, int]
 
 def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[str, ...], ...]]:
     """The groupings of operand ``k``'s dims (of size > 1) that contraction ``op``'s canonical form
-    reads without a reshape: each batch dim alone, then the free and the contracting dims as one
-    group each, in either order where each is one dim
-    (:func:`~autolayout.costmodel.dotcopy.accepted_orders`)."""
-    shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
-    out = [d.name for d in op.output.shape if full[d.name] > 1]
-    batch = [(d,) for d in out if d in shapes[0] and d in shapes[1]]
-    contract = tuple(d for d in shapes[0] if d in shapes[1] and (d,) not in batch)
-    free = tuple(d for d in out if d in shapes[k] and (d,) not in batch)
-    pair = [g for g in ((free, contract) if k == 0 else (contract, free)) if g]
-    found = {tuple(batch + pair)}
+    reads without a reshape (:func:`~autolayout.costmodel.dotcopy.canonical_dims`): each batch dim
+    alone, then the free and the contracting dims as one group each, in either order where each is
+    one dim (:func:`~autolayout.costmodel.dotcopy.accepted_orders`)."""
+    batch, free, contract = canonical_dims(op, k, full)
+    pair = [tuple(g) for g in ((free, contract) if k == 0 else (contract, free)) if g]
+    single = [(d,) for d in batch]
+    found = {tuple(single + pair)}
     if len(free) <= 1 and len(contract) <= 1:
-        found.add(tuple(batch + pair[::-1]))
+        found.add(tuple(single + pair[::-1]))
     return found
 
 

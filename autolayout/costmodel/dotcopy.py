@@ -23,7 +23,7 @@ from typing import Mapping
 
 from autolayout.graph import Op
 
-__all__ = ["copied_operands", "accepted_orders", "copy_bytes", "operand_copy_elements"]
+__all__ = ["copied_operands", "canonical_dims", "accepted_orders", "copy_bytes", "operand_copy_elements"]
 
 
 def copied_operands(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
@@ -47,16 +47,24 @@ def copied_operands(op: Op, local: Mapping[str, int]) -> tuple[int, ...]:
                  if tuple(d.name for d in s if local[d.name] > 1) not in accepted_orders(op, i, local))
 
 
+def canonical_dims(op: Op, i: int, sizes: Mapping[str, int]) -> tuple[list[str], list[str], list[str]]:
+    """``(batch, free, contracting)``: the dims of size > 1 (``sizes``) of operand ``i`` of
+    contraction ``op`` in the three groups of XLA's canonical dot (``DotDecomposer``), batch and
+    free dims in the output's order, contracting dims in the lhs's."""
+    shapes = [[d.name for d in s if sizes[d.name] > 1] for s in op.input_shapes]
+    out = [d.name for d in op.output.shape if sizes[d.name] > 1]
+    batch = [d for d in out if d in shapes[0] and d in shapes[1]]
+    contract = [d for d in shapes[0] if d in shapes[1] and d not in out]
+    free = [d for d in out if d in shapes[i] and d not in batch]
+    return batch, free, contract
+
+
 def accepted_orders(op: Op, i: int, local: Mapping[str, int]) -> frozenset[tuple[str, ...]]:
     """The orders of the dims of size > 1 (``local``) of operand ``i`` of contraction ``op`` that
     XLA:CPU's dot reads in place (:func:`copied_operands`): batch dims in the output's order,
     then ``free + contracting`` (lhs) or ``contracting + free`` (rhs), or the two swapped where
     each is a single dim. An operand in any other order is copied into the first of them."""
-    shapes = [[d.name for d in s if local[d.name] > 1] for s in op.input_shapes]
-    out = [d.name for d in op.output.shape if local[d.name] > 1]
-    batch = [d for d in out if d in shapes[0] and d in shapes[1]]
-    contract = [d for d in shapes[0] if d in shapes[1] and d not in out]
-    free = [d for d in out if d in shapes[i] and d not in batch]
+    batch, free, contract = canonical_dims(op, i, local)
     canonical = free + contract if i == 0 else contract + free
     swapped = contract + free if i == 0 else free + contract
     orders = {tuple(batch + canonical)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from autolayout.costmodel.dotcopy import canonical_dims
 from autolayout.graph import Graph
 
 __all__ = ["hlo_groups"]
@@ -37,12 +38,10 @@ def hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
     sunk: dict[str, tuple[tuple[str, ...], ...]] = {}  # tensors XLA computes collapsed, as a reshape's operand
     for op in graph.ops():
         if op.kind == "einsum" and len(op.inputs) == 2:
-            dims = tuple(g[0] for g in own[op.name])
-            shapes = [[d.name for d in s if full[d.name] > 1] for s in op.input_shapes]
-            batch = tuple(d for d in dims if d in shapes[0] and d in shapes[1])
-            sides = [tuple(d for d in dims if d in s and d not in batch) for s in shapes]
-            groups = tuple((d,) for d in batch) + tuple(g for g in sides if g)
-            if dims == batch + sides[0] + sides[1] and groups != own[op.name]:
+            batch, lhs, _ = canonical_dims(op, 0, full)
+            rhs = canonical_dims(op, 1, full)[1]
+            groups = tuple((d,) for d in batch) + tuple(tuple(g) for g in (lhs, rhs) if g)
+            if [g[0] for g in own[op.name]] == batch + lhs + rhs and groups != own[op.name]:
                 sunk[op.name] = groups
 
     def candidate(op) -> tuple[tuple[str, ...], ...] | None:
