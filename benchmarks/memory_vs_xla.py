@@ -27,8 +27,14 @@ also sharding the weight update, ``|*:AXES@3``, where a plan takes it, and every
 step with a backward scan rematerialised): the table was chosen to exercise the memory rules,
 so it is not a fair sample of what a user's layout meets.
 
+``--storage`` measures the weight-update sharding of every training step instead (:func:`storage_cases`):
+ZeRO stages 2 and 3 (``|*:AXES@2``, ``@3``) over the batch's axes of three layouts, data parallel over
+``data``, over both axes, and the step's tensor-parallel layout of the table. The random draws shard at
+stage 3 only, and the table has few stage-2 rows; this sample is where the gradients' reduce-scatters,
+which XLA:CPU does not combine (``costmodel/gradients.py``), decide the peak.
+
 Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]
-[--random K --seed S]``
+[--random K --seed S | --storage]``
 """
 from __future__ import annotations
 
@@ -213,6 +219,23 @@ def random_cases(k: int, seed: int, only: str | None = None) -> Iterator[tuple[s
             yield name, g, args, str(lay)
 
 
+def storage_cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
+    """``(model id, graph, args, layout)`` for the weight-update sharding sample (module docstring):
+    for every training step of :data:`CASES` (not the ``-forward`` ones), the layouts
+    ``batch:data``, ``batch:data,model`` and the first layout of its table that starts with
+    ``batch:data;`` (its tensor-parallel layout, without what follows ``|``), each with every
+    parameter's update sharded at ZeRO stage 2 and 3 over the batch's axes."""
+    for name, (build, layouts) in CASES.items():
+        if "forward" in name or (only and only not in name):
+            continue
+        g, args = build()
+        parallel = next((lay.split("|")[0] for lay in layouts if lay.startswith("batch:data;")), None)
+        for base in dict.fromkeys(["batch:data", "batch:data,model"] + ([parallel] if parallel else [])):
+            axes = "data,model" if base.startswith("batch:data,model") else "data"
+            for stage in (2, 3):
+                yield name, g, args, f"{base}|*:{axes}@{stage}"
+
+
 def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
     """Execute ``layout`` and return predicted vs XLA memory per device (bytes) and the breakdown;
     ``live``: also XLA's peak of live bytes and what the rest of its figure is
@@ -238,11 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, metavar="K",
                     help="measure K layouts per model drawn at random from the exhaustive space instead of the table")
     ap.add_argument("--seed", type=int, default=0, help="seed of --random's draws (default 0)")
+    ap.add_argument("--storage", action="store_true",
+                    help="measure the weight-update sharding sample (ZeRO stages 2 and 3 of every training step) "
+                         "instead of the table")
     a = ap.parse_args(argv)
+    if a.storage and a.random:
+        ap.error("--storage and --random are two samples: give one of them")
     rows = []
     t0 = time.perf_counter()
     print(f"{'model':16s} {'layout':58s} {'predicted':>10s} {'xla':>10s} {'ratio':>6s}")
-    for name, g, args, lay in (random_cases(a.random, a.seed, a.only) if a.random else cases(a.only)):
+    sample = (random_cases(a.random, a.seed, a.only) if a.random else storage_cases(a.only) if a.storage
+              else cases(a.only))
+    for name, g, args, lay in sample:
         r = {"model": name, **measure(g, args, lay, live=a.live)}
         rows.append(r)
         off = abs(r["ratio"] - 1) > TOLERANCE

@@ -177,6 +177,15 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "projections' backward dots with their inputs; XLA's optimized HLO rewrites the dispatch (its peak, "
         "position 33 of 48, holds relayout copies of w2 and of the expert activations instead): the rest of the "
         "gap is that restructuring"),
+    # drawn by benchmarks/memory_vs_xla.py --storage (ZeRO stages 2 and 3 of every training step)
+    ("linen_bf16_mlp-donated", "batch:data,model|*:data,model@2"): (
+        "1.215. XLA:CPU combines all-reduces, not reduce-scatters: each gradient's reduce-scatter is an "
+        "instruction of its breadth-first order, run a few positions after its dot (the bias gradient's right "
+        "after its reduction, the kernels' after their relayout copies), which frees the full-size partial sums "
+        "there; the model holds every gradient's partial sums to one combined reduction (costmodel/gradients.py). "
+        "A third order for layouts that reduce-scatter every gradient took this row to 1.005 but the zoo mlp's "
+        "ZeRO rows under XLA's figure (1.02 -> 0.74), whose match rested on that held count standing in for "
+        "XLA's copies of the donated parameters and the all-gathered weights (DESIGN §11, session 13)"),
 }
 
 
