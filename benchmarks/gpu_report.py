@@ -97,8 +97,12 @@ def analyse(d: str) -> dict:
         for key, hw in (("materialised", ceil), ("fused", ceil.replace(fused_attention=True))):
             row[f"{key}_pred_s"] = autolayout.predict(g, "d:1", None, hardware=hw).time_s
         attn.append(row)
+    live = {}  # XLA:GPU's live peak per step, where the run collected dumps (gpu_validate.py --dumps)
+    if os.path.exists(os.path.join(d, "live.jsonl")):
+        with open(os.path.join(d, "live.jsonl")) as f:
+            live = {v["name"]: v for v in map(json.loads, filter(str.strip, f)) if "live_bytes" in v}
     return dict(rows=rows, failed=failed, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
-                sheet=sheet, ceil=ceil)
+                sheet=sheet, ceil=ceil, live=live)
 
 
 def _ms(s: float) -> str:
@@ -108,6 +112,7 @@ def _ms(s: float) -> str:
 def render(a: dict) -> str:
     dev, k, fit, st = a["device"], a["kernels"], a["fit"], a["stats"]
     sheet = a["sheet"]
+    cold = dev["first_run_cold"]
     out = ["# The cost model against measured steps on one NVIDIA H200", "",
            f"Measured by `benchmarks/gpu_validate.py` on one {dev['device_kind']} (jax {dev['jax']}, "
            f"{dev['time'][:10]}; {dev['profile_note']}); this page by `PYTHONPATH=$PWD python benchmarks/gpu_report.py`, which prices "
@@ -116,9 +121,9 @@ def render(a: dict) -> str:
            "model (roofline per op, fusion, remat, attention, the peak memory), not the links.", "",
            "## Ceilings", "",
            "Each the median of 5 slopes of 12 against 2 back-to-back calls (dispatch cancels), random data, "
-           "after 2 s of large matmuls (an idle H200 reads 345 MHz SM clock; the first, cold, measurement of "
-           f"the same run gave {dev['matmul_bfloat16_flops'] / 1e12:.0f} TFLOP/s bf16 at 8192 and "
-           f"{dev['stream_bytes_per_s'] / 1e12:.2f} TB/s stream: `device.json`).", "",
+           "after 2 s of large matmuls (an idle H200 reads 345 MHz SM clock; a cold measurement, the first of "
+           f"the day's first run at {cold['time'][11:16]}, gave {cold['matmul_bfloat16_flops'] / 1e12:.0f} TFLOP/s bf16 "
+           f"at 8192 and {cold['stream_bytes_per_s'] / 1e12:.2f} TB/s stream: `device.json`).", "",
            "| kernel | " + " | ".join(str(n) for n in (1024, 2048, 4096, 8192, 16384)) + " | datasheet |",
            "|---|" + "---|" * 6]
     for dtype, peak in (("bfloat16", sheet.peak("bfloat16")), ("float32", sheet.peak("float32"))):
@@ -177,6 +182,24 @@ def render(a: dict) -> str:
     within = sum(abs(r["memory_bytes"] / r["xla_memory_bytes"] - 1) <= 0.10 for r in a["rows"])
     out += ["", f"Memory: {within} of {len(a['rows'])} steps within 10% of XLA:GPU's `memory_analysis` "
             "(argument + output + temp - alias), priced with the h200 profile's memory rules.", ""]
+    live = a["live"]
+    if live:
+        near = sum(abs(r["memory_bytes"] / live[r["name"]]["live_bytes"] - 1) <= 0.10
+                   for r in a["rows"] if r["name"] in live)
+        out += ["XLA:GPU's figure split (`live.jsonl`, `buffers.zip`: the buffer assignment and live ranges "
+                "`--dumps` collects, read by `benchmarks/xla_live.py`): its *live* peak is the most bytes in use "
+                "at once in the compiled schedule; the rest of `memory_analysis` is output allocations idle at "
+                "that peak and the temp heap's fragmentation. The model predicts liveness, so *predicted / "
+                f"live* isolates its rules from XLA's packing: {near} of {len(live)} within 10%.", "",
+                "| step | predicted / XLA live | XLA live / memory_analysis | idle outputs MiB | heap gap MiB |",
+                "|---|---|---|---|---|"]
+        for r in sorted(a["rows"], key=lambda r: r["name"]):
+            v = live.get(r["name"])
+            if v:
+                out.append(f"| {r['name']} | {r['memory_bytes'] / v['live_bytes']:.3f} | "
+                           f"{v['live_bytes'] / r['xla_memory_bytes']:.3f} | {v['idle_output_bytes'] / 2**20:.1f} | "
+                           f"{v['heap_gap_bytes'] / 2**20:.1f} |")
+        out.append("")
     out += [f"Did not run: {r['name']} ({r['error']})" for r in a["failed"]] + ([""] if a["failed"] else [])
     return "\n".join(out) + "\n"
 

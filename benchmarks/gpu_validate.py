@@ -15,8 +15,8 @@ Two parts, so that the GPU is held only for the measurement:
   or none), next to the prediction of the device's built-in profile; one JSON line per step
   in ``OUT/measured.jsonl``, written as it goes, and the compiled HLO in ``OUT/hlo.zip``;
   with ``--dumps`` also XLA's buffer assignment (``OUT/buffers.zip``) and its peak of live
-  bytes (``OUT/live.jsonl``, :func:`xla_live.live_peak`), which the GPU memory misses of
-  ``reports/gpu`` need to be root-caused (the 2026-11-28 runs did not collect them).
+  bytes (``OUT/live.jsonl``, :func:`xla_live.live_peak`), which split the GPU memory misses of
+  ``reports/gpu`` into the model's liveness and XLA's packing (the third 2026-11-28 run collected them).
 
 ``benchmarks/gpu_report.py``, anywhere (no GPU): prices every measured step again, calibrates
 on half of the steps and checks the other half, and writes ``reports/gpu/README.md``.
@@ -277,9 +277,12 @@ def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) 
         if dumps:  # the step's buffer assignment and live ranges (benchmarks/xla_live.py reads them)
             from xla_live import live_peak
 
-            row_live = live_peak(dump)
-            with zipfile.ZipFile(os.path.join(out, "buffers.zip"), "a", zipfile.ZIP_DEFLATED) as z:
+            try:
+                row_live = live_peak(dump)
                 prefix = row_live["module"].replace("-buffer-assignment.txt", "")
+            except ValueError as exc:  # several programs dumped: recorded, and every one's files kept
+                row_live, prefix = {"error": str(exc)[:2000]}, ""
+            with zipfile.ZipFile(os.path.join(out, "buffers.zip"), "a", zipfile.ZIP_DEFLATED) as z:
                 for f in os.listdir(dump):
                     if f.startswith(prefix) and f.endswith(("-buffer-assignment.txt", "-live-range.txt")):
                         z.write(os.path.join(dump, f), f"{name}/{f}")

@@ -28,7 +28,8 @@ import re
 
 __all__ = ["live_peak"]
 
-_ALLOC = re.compile(r"allocation (\d+): size (\d+), (.*)")
+# XLA:GPU's dumps put the allocation's memory space first ("page 0, parameter 1, ..."), XLA:CPU's not
+_ALLOC = re.compile(r"allocation (\d+): size (\d+), (?:page \d+, )?(.*)")
 _VALUE = re.compile(r" value: <\d+ (\S+?)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"^    (\S+):(\d+)-(\d+)$", re.M)
 
