@@ -33,8 +33,9 @@ MEMORY_OFF = {
     "moe": "1.19: the order. Liveness replayed over XLA:GPU's own schedule (benchmarks/xla_schedule_live.py) "
            "is XLA's figure: XLA runs the expert backward's input-gradient chain before the forward's expert "
            "matmuls, which the traced order does not",
-    "moe-f32": "1.25: over XLA's (not root-caused)",
-    "moe-large": "1.13: over XLA's (not root-caused)",
+    "moe-f32": "1.25: the order, as in moe (buffers.zip: the expert backward's input-gradient matmul runs before "
+               "the forward's), and XLA:GPU computes the ReLU once per matmul reading it where the model holds it",
+    "moe-large": "1.13: the same two causes as moe-f32 (the ReLU held: 1 GiB)",
 }
 
 
