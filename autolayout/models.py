@@ -55,6 +55,30 @@ def _check_sizes(model: str, given: Mapping[str, Any]) -> None:
                          f"e.g. {name}={default_sizes(model)[name]}")
 
 
+LOSSES = ("linear", "mse")
+
+
+def _loss(model: str, loss: str, y: Any, dy: Any) -> Any:
+    """The loss of :func:`mlp` and :func:`moe` for output ``y``, in float32: ``"linear"``,
+    ``sum(y * dy)`` for a given cotangent ``dy`` (the paper's Table 1 accounting: the gradient
+    flowing into the layer is the input ``dy``, known before the forward runs, so a compiler may
+    start the backward's input-gradient matmuls first), or ``"mse"``, ``sum((y - dy)**2) / 2``
+    for a target ``dy`` (a regression loss: the gradient ``y - dy`` needs the forward, as in a
+    real training step).
+
+    Raises:
+        ValueError: ``loss`` is not one of :data:`LOSSES`.
+    """
+    import jax.numpy as jnp
+
+    if loss == "linear":
+        return jnp.sum(y * dy, dtype=jnp.float32)
+    if loss == "mse":
+        diff = y.astype(jnp.float32) - dy.astype(jnp.float32)
+        return jnp.sum(diff * diff) / 2
+    raise ValueError(f"{model}: loss={loss!r} is not a known loss; give one of {LOSSES}")
+
+
 def _dtypes(param_dtype: Any, compute_dtype: Any) -> tuple[Any, Any]:
     """``(param_dtype, compute_dtype)`` as numpy dtypes; ``compute_dtype=None`` means the same."""
     import jax.numpy as jnp
@@ -82,12 +106,13 @@ def _cast(tree: Any, dtype: Any) -> Any:
 # --------------------------------------------------------------------------- mlp
 def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = True,
         param_dtype: str = "float32", compute_dtype: str | None = None,
-        learning_rate: float = 0.1) -> Graph:
+        learning_rate: float = 0.1, loss: str = "linear") -> Graph:
     """The paper's §8 example ``y = relu(x·w + bias)·v`` (dims ``batch``, ``io``, ``hidden``).
 
     ``x`` comes from earlier layers, so the training step also returns its
     gradient; the loss is ``sum(y * dy)`` (summed in float32) for a given cotangent
-    ``dy[batch, io]`` — the paper's accounting for Table 1. SGD updates ``w``,
+    ``dy[batch, io]`` — the paper's accounting for Table 1 — or with ``loss="mse"``
+    ``sum((y - dy)**2) / 2`` for a target ``dy`` (:func:`_loss`). SGD updates ``w``,
     ``bias``, ``v``. The hidden activation is named ``h`` (``checkpoint_name``).
     ``x`` and ``dy`` are activations, in ``compute_dtype``.
 
@@ -97,6 +122,8 @@ def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = 
         g.dims  # {'batch': 64, 'io': 32, 'hidden': 128}
     """
     _check_sizes("mlp", locals())
+    if loss not in LOSSES:
+        raise ValueError(f"mlp: loss={loss!r} is not a known loss; give one of {LOSSES}")
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
@@ -118,12 +145,12 @@ def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = 
 
     def step(params: dict, batch: dict) -> tuple:
         def loss_fn(p: dict, x: Any) -> Any:
-            return jnp.sum(forward(p, x) * batch["dy"], dtype=jnp.float32)
+            return _loss("mlp", loss, forward(p, x), batch["dy"])
 
-        loss, (gp, gx) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, batch["x"])
+        value, (gp, gx) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, batch["x"])
         gp = label_grads(gp)
         new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, gp)
-        return new, gx, loss
+        return new, gx, value
 
     args = (params, {"x": _sds((batch, d_io), cd), "dy": _sds((batch, d_io), cd)})
     dims, roles = (pdims, {"x": "batch io", "dy": "batch io"}), ("param", "input")
@@ -421,7 +448,7 @@ def llama(*, d_model: int = 64, heads: int = 8, kv_heads: int = 4, d_kv: int = 1
 # --------------------------------------------------------------------------- moe
 def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int = 8, batch: int = 8,
         length: int = 32, train: bool = True, param_dtype: str = "float32",
-        compute_dtype: str | None = None, learning_rate: float = 0.1) -> Graph:
+        compute_dtype: str | None = None, learning_rate: float = 0.1, loss: str = "linear") -> Graph:
     """A sparsely-gated top-1 mixture-of-experts feed-forward layer (Shazeer et al. 2017,
     as Mesh-TensorFlow's ``moe`` layer writes it) with einsum dispatch and combine.
 
@@ -430,7 +457,8 @@ def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int =
     dropped). The position of a token in its expert's buffer is a cumulative
     sum written as an einsum with a causal (lower-triangular) matrix, so the
     whole layer is einsums and elementwise ops. Like :func:`mlp`, ``x`` comes
-    from earlier layers and the loss is ``sum(y * dy)``; SGD updates the gate and
+    from earlier layers and the loss is ``sum(y * dy)`` (or with ``loss="mse"`` a regression
+    loss on the target ``dy``, :func:`_loss`); SGD updates the gate and
     expert weights. Dims: ``batch``, ``length``, ``d_model``, ``experts``,
     ``capacity``, ``d_ff`` (and ``length_1`` for the cumulative-sum matrix). In mixed
     precision the router's softmax and the token counts run in float32 (MaxText's
@@ -438,6 +466,8 @@ def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int =
     up to 256 tokens); dispatch, experts and combine run in ``compute_dtype``.
     """
     _check_sizes("moe", locals())
+    if loss not in LOSSES:
+        raise ValueError(f"moe: loss={loss!r} is not a known loss; give one of {LOSSES}")
     import jax
     import jax.numpy as jnp
 
@@ -473,12 +503,12 @@ def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int =
 
     def step(params: dict, batch_: dict) -> tuple:
         def loss_fn(p: dict) -> Any:
-            return jnp.sum(forward(p, batch_["x"]) * batch_["dy"], dtype=f32)
+            return _loss("moe", loss, forward(p, batch_["x"]), batch_["dy"])
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        value, grads = jax.value_and_grad(loss_fn)(params)
         grads = label_grads(grads)
         new = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
-        return new, loss
+        return new, value
 
     x = _sds((batch, length, d_model), cd)
     args = (params, {"x": x, "dy": x})

@@ -36,6 +36,14 @@ def load(d: str) -> tuple[list[dict], dict, dict]:
     return rows, device, kernels
 
 
+def gpu_validate_loss_configs() -> list:
+    """``gpu_validate.LOSS_CONFIGS``: the steps ``--loss`` measures (``measured_loss.jsonl``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_validate
+
+    return gpu_validate.LOSS_CONFIGS
+
+
 def profiles(device: dict, kernels: dict) -> tuple:
     """``(datasheet, ceilings)`` profiles of the measured device."""
     from autolayout.costmodel.profiles import get_hardware
@@ -101,8 +109,18 @@ def analyse(d: str) -> dict:
     if os.path.exists(os.path.join(d, "live.jsonl")):
         with open(os.path.join(d, "live.jsonl")) as f:
             live = {v["name"]: v for v in map(json.loads, filter(str.strip, f)) if "live_bytes" in v}
+    loss_rows = []  # the MLP and MoE steps with a regression loss (gpu_validate.py --loss): memory only
+    if os.path.exists(os.path.join(d, "measured_loss.jsonl")):
+        with open(os.path.join(d, "measured_loss.jsonl")) as f:
+            loss_rows = [r for r in map(json.loads, filter(str.strip, f)) if "measured_s" in r]
+        with open(os.path.join(d, "live_loss.jsonl")) as f:
+            loss_live = {v["name"]: v for v in map(json.loads, filter(str.strip, f))}
+        for r in loss_rows:
+            g = autolayout.models.MODELS[r["model"]](**r["kwargs"])
+            r["memory_bytes"] = autolayout.predict(g, "d:1", None, hardware=sheet).memory_bytes
+            r["live_bytes"] = loss_live[r["name"]]["live_bytes"]
     return dict(rows=rows, failed=failed, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
-                sheet=sheet, ceil=ceil, live=live)
+                sheet=sheet, ceil=ceil, live=live, loss_rows=loss_rows)
 
 
 def _ms(s: float) -> str:
@@ -199,6 +217,25 @@ def render(a: dict) -> str:
                 out.append(f"| {r['name']} | {r['memory_bytes'] / v['live_bytes']:.3f} | "
                            f"{v['live_bytes'] / r['xla_memory_bytes']:.3f} | {v['idle_output_bytes'] / 2**20:.1f} | "
                            f"{v['heap_gap_bytes'] / 2**20:.1f} |")
+        out.append("")
+    if a["loss_rows"]:
+        linear = {r["name"]: r for r in a["rows"]}
+        within = sum(abs(r["memory_bytes"] / r["xla_memory_bytes"] - 1) <= 0.10 for r in a["loss_rows"])
+        out += ["## Memory with a regression loss", "",
+                "The zoo's MLP and MoE steps take the loss's gradient as an input (`sum(y * dy)`, the paper's "
+                "Table 1 accounting), so XLA may run the backward's input-gradient matmuls before the forward. "
+                "The same steps with `loss=\"mse\"` (`sum((y - dy)**2) / 2`, a gradient that needs the forward, "
+                "as in a real step), measured by `gpu_validate.py --loss` (`measured_loss.jsonl`, "
+                f"`hlo_loss.zip`, `buffers_loss.zip`, `live_loss.jsonl`): {within} of {len(a['loss_rows'])} "
+                "within 10% of XLA:GPU's `memory_analysis`.", "",
+                "| step | measured ms | memory predicted / XLA GiB | ratio | predicted / XLA live | "
+                "the linear-loss step's ratio |", "|---|---|---|---|---|---|"]
+        for r in a["loss_rows"]:
+            twin = linear.get(r["name"].removesuffix("-mse"))
+            out.append(f"| {r['name']} | {_ms(r['measured_s'])} | {r['memory_bytes'] / gib:.2f} / "
+                       f"{r['xla_memory_bytes'] / gib:.2f} | {r['memory_bytes'] / r['xla_memory_bytes']:.3f} | "
+                       f"{r['memory_bytes'] / r['live_bytes']:.3f} | "
+                       + (f"{twin['memory_bytes'] / twin['xla_memory_bytes']:.3f} |" if twin else "- |"))
         out.append("")
     out += [f"Did not run: {r['name']} ({r['error']})" for r in a["failed"]] + ([""] if a["failed"] else [])
     return "\n".join(out) + "\n"

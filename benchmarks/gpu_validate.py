@@ -18,6 +18,10 @@ Two parts, so that the GPU is held only for the measurement:
   bytes (``OUT/live.jsonl``, :func:`xla_live.live_peak`), which split the GPU memory misses of
   ``reports/gpu`` into the model's liveness and XLA's packing (the third 2026-11-28 run collected them).
 
+``--measure OUT --loss``: the MLP and MoE steps with a regression loss instead
+(:data:`LOSS_CONFIGS`), into ``OUT/measured_loss.jsonl`` (``hlo_loss.zip``, and with ``--dumps``
+``buffers_loss.zip`` and ``live_loss.jsonl``; about a minute).
+
 ``benchmarks/gpu_report.py``, anywhere (no GPU): prices every measured step again, calibrates
 on half of the steps and checks the other half, and writes ``reports/gpu/README.md``.
 
@@ -81,6 +85,11 @@ CONFIGS = [
     ("mlp-large-f32", "mlp", dict(batch=8192, d_io=4096, d_hidden=16384)),
     ("moe-large", "moe", dict(d_model=2048, d_ff=8192, experts=16, capacity=512, batch=8, length=2048, **BF16)),
 ]
+# The MLP and MoE steps again with a regression loss (``loss="mse"``, ``autolayout.models._loss``):
+# the zoo's linear loss ``sum(y * dy)`` takes the loss gradient as an input, so XLA may run the
+# backward's input-gradient matmuls before the forward's, an order the traced step does not have
+# (reports/gpu/findings.md); with ``--loss`` into OUT/measured_loss.jsonl (hlo_loss.zip, ...).
+LOSS_CONFIGS = [(f"{name}-mse", model, {**kw, "loss": "mse"}) for name, model, kw in CONFIGS if model in ("mlp", "moe")]
 SMOKE = {"transformer_lm": dict(d_model=32, d_ff=64, heads=2, d_kv=16, n_layers=2, vocab=64, batch=2, length=16),
          "llama": dict(d_model=32, heads=4, kv_heads=2, d_kv=8, d_ff=64, n_layers=2, vocab=64, batch=2, length=16),
          "mlp": dict(batch=64, d_io=32, d_hidden=64), "moe": dict(d_model=32, d_ff=64, experts=4, capacity=8,
@@ -216,7 +225,7 @@ def _hlo_facts(text: str) -> dict:
             "while_loops": len(re.findall(r"=\s*\S+\s+while\(", text))}
 
 
-def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) -> None:
+def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False, loss: bool = False) -> None:
     import jax
 
     import autolayout
@@ -241,8 +250,9 @@ def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) 
     print(json.dumps(info), flush=True)
     with open(os.path.join(out, "device.json"), "w") as f:
         json.dump(info, f, indent=1)
-    path = os.path.join(out, "measured.jsonl")
-    for name, model, kw in CONFIGS:
+    suffix = "_loss" if loss else ""  # the regression-loss steps' files: measured_loss.jsonl, hlo_loss.zip, ...
+    path = os.path.join(out, f"measured{suffix}.jsonl")
+    for name, model, kw in (LOSS_CONFIGS if loss else CONFIGS):
         if only and name not in only:
             continue
         kw = dict(kw)
@@ -272,7 +282,7 @@ def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) 
         print(json.dumps({k: v for k, v in row.items() if k != "step_times_s"}), flush=True)
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        with zipfile.ZipFile(os.path.join(out, "hlo.zip"), "a", zipfile.ZIP_DEFLATED) as z:
+        with zipfile.ZipFile(os.path.join(out, f"hlo{suffix}.zip"), "a", zipfile.ZIP_DEFLATED) as z:
             z.writestr(f"{name}.compiled.txt", ex.compiled_hlo_text)  # for reading memory offline
         if dumps:  # the step's buffer assignment and live ranges (benchmarks/xla_live.py reads them)
             from xla_live import live_peak
@@ -282,11 +292,11 @@ def measure(out: str, smoke: bool, only: list[str] | None, dumps: bool = False) 
                 prefix = row_live["module"].replace("-buffer-assignment.txt", "")
             except ValueError as exc:  # several programs dumped: recorded, and every one's files kept
                 row_live, prefix = {"error": str(exc)[:2000]}, ""
-            with zipfile.ZipFile(os.path.join(out, "buffers.zip"), "a", zipfile.ZIP_DEFLATED) as z:
+            with zipfile.ZipFile(os.path.join(out, f"buffers{suffix}.zip"), "a", zipfile.ZIP_DEFLATED) as z:
                 for f in os.listdir(dump):
                     if f.startswith(prefix) and f.endswith(("-buffer-assignment.txt", "-live-range.txt")):
                         z.write(os.path.join(dump, f), f"{name}/{f}")
-            with open(os.path.join(out, "live.jsonl"), "a") as f:
+            with open(os.path.join(out, f"live{suffix}.jsonl"), "a") as f:
                 f.write(json.dumps({"name": name, **{k: v for k, v in row_live.items() if k != "module"}}) + "\n")
             shutil.rmtree(dump)
         del ex, g
@@ -301,13 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dumps", action="store_true",
                     help="with --measure: XLA's buffer assignment of each step (OUT/buffers.zip) and its live peak "
                          "(OUT/live.jsonl, benchmarks/xla_live.py), to root-cause memory misses")
+    ap.add_argument("--loss", action="store_true",
+                    help="with --measure: the MLP and MoE steps with a regression loss (LOSS_CONFIGS) instead, "
+                         "into OUT/measured_loss.jsonl")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU check of the script)")
     ap.add_argument("--only", nargs="*", help="configs to measure (default: all)")
     args = ap.parse_args(argv)
     if args.kernels:
         kernels(args.kernels, args.smoke)
     if args.measure:
-        measure(args.measure, args.smoke, args.only, args.dumps)
+        measure(args.measure, args.smoke, args.only, args.dumps, args.loss)
     if args.kernels or args.measure:
         return 0
     ap.error("give --kernels OUT and/or --measure OUT (the report: benchmarks/gpu_report.py)")

@@ -39,6 +39,17 @@ MEMORY_OFF = {
 }
 
 
+# The MLP and MoE steps again with a regression loss (gpu_validate.py --loss, measured_loss.jsonl):
+# those off XLA:GPU's memory by more than 10%, with the reason read in buffers_loss.zip (strict xfails).
+LOSS_MEMORY_OFF = {
+    "moe-mse": "1.30: the model, in the traced order, holds the pre-activation, the ReLU and the ReLU's output "
+               "gradient at once; XLA:GPU recomputes the ReLU right before each matmul reading it",
+    "moe-f32-mse": "1.25: as moe-mse (three 128 MiB buffers at the model's peak, two at XLA's)",
+    "mlp-large-f32-mse": "0.89: XLA:GPU's multi-output reduction fusion writes the ReLU's backward select into a "
+                         "buffer of its own while the pre-activation and the output gradient are live",
+}
+
+
 @lru_cache(maxsize=None)
 def _measured() -> dict[str, dict]:
     return {r["name"]: r for r in gpu_report.load(str(GPU))[0] if "measured_s" in r}
@@ -116,21 +127,36 @@ def test_replay_over_xla_gpu_schedule_is_its_memory_analysis():
 def test_xla_gpu_live_split_adds_up_to_memory_analysis(tmp_path):
     """``xla_live.live_peak`` of each step's buffer-assignment dump (``buffers.zip``, XLA:GPU's own
     files) splits XLA's ``memory_analysis`` exactly: live peak + output bytes idle at it + the temp
-    heap's fragmentation = argument + output + temp - alias, for all 18 steps; ``live.jsonl`` holds
+    heap's fragmentation = argument + output + temp - alias, for all 24 steps (the 6 with a regression
+    loss too); ``live.jsonl`` holds
     those splits. The reference is XLA's figure, read on the GPU; the split is computed here."""
     import json
     import zipfile
 
     from xla_live import live_peak
 
-    with open(GPU / "live.jsonl") as f:
-        stored = {v["name"]: v for v in map(json.loads, f)}
-    with zipfile.ZipFile(GPU / "buffers.zip") as z:
-        z.extractall(tmp_path)
-    measured = _measured()
-    assert set(stored) == set(measured)
+    stored, measured = {}, dict(_measured())
+    for suffix in ("", "_loss"):
+        with open(GPU / f"live{suffix}.jsonl") as f:
+            stored.update({v["name"]: v for v in map(json.loads, f)})
+        with zipfile.ZipFile(GPU / f"buffers{suffix}.zip") as z:
+            z.extractall(tmp_path)
+    measured.update({r["name"]: r for r in _analysis()["loss_rows"]})
+    assert set(stored) == set(measured) and len(measured) == 24
     for name, r in measured.items():
         split = live_peak(tmp_path / name)
         assert {k: v for k, v in split.items() if k != "module"} == {k: v for k, v in stored[name].items()
                                                                       if k != "name"}, name
         assert split["live_bytes"] + split["idle_output_bytes"] + split["heap_gap_bytes"] == r["xla_memory_bytes"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, _, _ in gpu_report.gpu_validate_loss_configs()))
+def test_regression_loss_memory_within_ten_percent_of_xla_gpu(name, request):
+    """The MLP and MoE steps with ``loss="mse"`` (a loss gradient that needs the forward), priced on
+    the h200 profile against XLA:GPU's ``memory_analysis`` read on the H200 (``measured_loss.jsonl``)."""
+    if name in LOSS_MEMORY_OFF:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=LOSS_MEMORY_OFF[name]))
+    r = next(r for r in _analysis()["loss_rows"] if r["name"] == name)
+    assert r["kwargs"]["loss"] == "mse"
+    ratio = r["memory_bytes"] / r["xla_memory_bytes"]
+    assert abs(ratio - 1) <= 0.10, f"{name}: predicted / XLA:GPU memory = {ratio:.3f}"

@@ -469,3 +469,33 @@ def test_command_line_defaults_are_the_zoo_defaults():
 def test_default_sizes_of_an_unknown_model():
     with pytest.raises(KeyError, match="unknown zoo model 'gpt5'"):
         models.default_sizes("gpt5")
+
+
+# --------------------------------------------------------------------------- losses
+@pytest.mark.parametrize("model", ["mlp", "moe"])
+def test_regression_loss_is_half_the_squared_error_of_the_forward(model):
+    """``loss="mse"``: the step's loss is ``sum((y - dy)**2) / 2`` of the forward graph's output
+    ``y`` (the zoo's forward graph, evaluated on its own, and the error summed here in numpy), and
+    SGD moves each parameter by ``-learning_rate`` times ``jax.grad`` of that loss written here."""
+    sizes = zoo_cases.SIZES[model]
+    step = models.MODELS[model](**sizes, loss="mse", learning_rate=0.5)
+    params, batch = models.example_args(step)
+    target = np.asarray(batch["dy"], np.float64)
+    fwd = models.MODELS[model](**sizes, train=False)
+    y = np.asarray(jax.jit(fwd.evaluate)(params, batch["x"]), np.float64)
+    out = jax.jit(step.evaluate)(params, batch)
+    np.testing.assert_allclose(float(out[-1]), ((y - target) ** 2).sum() / 2, rtol=1e-5)
+
+    def loss(p):
+        return jnp.sum((jax.jit(fwd.evaluate)(p, batch["x"]) - batch["dy"]) ** 2) / 2
+
+    grads = jax.grad(loss)(params)
+    for k in params:
+        np.testing.assert_allclose(np.asarray(out[0][k]), np.asarray(params[k] - 0.5 * grads[k]), rtol=1e-4,
+                                   atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["mlp", "moe"])
+def test_unknown_loss_is_rejected(model):
+    with pytest.raises(ValueError, match=rf"{model}: loss='huber' is not a known loss; give one of \('linear', 'mse'\)"):
+        models.MODELS[model](**zoo_cases.SIZES[model], loss="huber")
