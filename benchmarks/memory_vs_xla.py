@@ -33,8 +33,13 @@ ZeRO stages 2 and 3 (``|*:AXES@2``, ``@3``) over the batch's axes of three layou
 stage 3 only, and the table has few stage-2 rows; this sample is where the gradients' reduce-scatters,
 which XLA:CPU does not combine (``costmodel/gradients.py``), decide the peak.
 
+``--loss`` measures the zoo's MLP and MoE training steps with a regression loss instead
+(:func:`loss_cases`, ``loss="mse"``: ``sum((y - dy)**2) / 2``, whose gradient needs the forward as
+a real step's does), over the table's layouts of those steps: the zoo's own loss, ``sum(y * dy)``,
+takes the loss gradient as an input.
+
 Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]
-[--random K --seed S | --storage]``
+[--random K --seed S | --storage | --loss]``
 """
 from __future__ import annotations
 
@@ -61,7 +66,8 @@ from autolayout.exec.runner import MEMORY_TOLERANCE  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from xla_live import live_peak  # noqa: E402
 
-__all__ = ["MESH", "TOLERANCE", "CASES", "cases", "random_cases", "measure", "main"]
+__all__ = ["MESH", "TOLERANCE", "CASES", "LOSS_CASES", "cases", "random_cases", "storage_cases", "loss_cases",
+           "measure", "main"]
 
 MESH = "data:2,model:4"
 TOLERANCE = MEMORY_TOLERANCE  # issue 12 item 3: predicted memory within 10% of XLA's
@@ -236,6 +242,26 @@ def storage_cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]
                 yield name, g, args, f"{base}|*:{axes}@{stage}"
 
 
+def _regression(model: str) -> Callable[[], tuple[Any, Any]]:
+    return lambda: _built(models.MODELS[model](**ZOO_SIZES[model], loss="mse"))
+
+
+# the regression-loss sample (module docstring): the zoo's mlp and moe steps with loss="mse"
+LOSS_CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
+    f"{m}-mse-train": (_regression(m), ZOO_LAYOUTS[m]) for m in ("mlp", "moe")}
+
+
+def loss_cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
+    """``(model id, graph, args, layout)`` for the regression-loss sample (:data:`LOSS_CASES`: the zoo's
+    ``mlp`` and ``moe`` training steps with ``loss="mse"``, each over its layouts of :data:`ZOO_LAYOUTS`)."""
+    for name, (build, layouts) in LOSS_CASES.items():
+        if only and only not in name:
+            continue
+        g, args = build()
+        for lay in dict.fromkeys(layouts):
+            yield name, g, args, lay
+
+
 def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
     """Execute ``layout`` and return predicted vs XLA memory per device (bytes) and the breakdown;
     ``live``: also XLA's peak of live bytes and what the rest of its figure is
@@ -264,14 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", action="store_true",
                     help="measure the weight-update sharding sample (ZeRO stages 2 and 3 of every training step) "
                          "instead of the table")
+    ap.add_argument("--loss", action="store_true",
+                    help="measure the zoo's MLP and MoE steps with a regression loss (loss='mse') instead of the table")
     a = ap.parse_args(argv)
-    if a.storage and a.random:
-        ap.error("--storage and --random are two samples: give one of them")
+    if sum(map(bool, (a.storage, a.random, a.loss))) > 1:
+        ap.error("--storage, --random and --loss are three samples: give one of them")
     rows = []
     t0 = time.perf_counter()
     print(f"{'model':16s} {'layout':58s} {'predicted':>10s} {'xla':>10s} {'ratio':>6s}")
     sample = (random_cases(a.random, a.seed, a.only) if a.random else storage_cases(a.only) if a.storage
-              else cases(a.only))
+              else loss_cases(a.only) if a.loss else cases(a.only))
     for name, g, args, lay in sample:
         r = {"model": name, **measure(g, args, lay, live=a.live)}
         rows.append(r)
