@@ -196,9 +196,10 @@ CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
 }
 
 
-def cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
-    """``(model id, graph, args, layout)`` for every executed layout (``only``: model ids containing it)."""
-    for name, (build, layouts) in CASES.items():
+def cases(only: str | None = None, table: dict | None = None) -> Iterator[tuple[str, Any, Any, str]]:
+    """``(model id, graph, args, layout)`` for every executed layout of ``table`` (default :data:`CASES`;
+    ``only``: model ids containing it)."""
+    for name, (build, layouts) in (CASES if table is None else table).items():
         if only and only not in name:
             continue
         g, args = build()
@@ -254,12 +255,7 @@ LOSS_CASES: dict[str, tuple[Callable[[], tuple[Any, Any]], list[str]]] = {
 def loss_cases(only: str | None = None) -> Iterator[tuple[str, Any, Any, str]]:
     """``(model id, graph, args, layout)`` for the regression-loss sample (:data:`LOSS_CASES`: the zoo's
     ``mlp`` and ``moe`` training steps with ``loss="mse"``, each over its layouts of :data:`ZOO_LAYOUTS`)."""
-    for name, (build, layouts) in LOSS_CASES.items():
-        if only and only not in name:
-            continue
-        g, args = build()
-        for lay in dict.fromkeys(layouts):
-            yield name, g, args, lay
+    return cases(only, LOSS_CASES)
 
 
 def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
