@@ -58,6 +58,12 @@ def _check_sizes(model: str, given: Mapping[str, Any]) -> None:
 LOSSES = ("linear", "mse")
 
 
+def _check_loss(model: str, loss: str) -> None:
+    """Raise ValueError naming ``model``'s ``loss`` option where it is not one of :data:`LOSSES`."""
+    if loss not in LOSSES:
+        raise ValueError(f"{model}: loss={loss!r} is not a known loss; give one of {LOSSES}")
+
+
 def _loss(model: str, loss: str, y: Any, dy: Any) -> Any:
     """The loss of :func:`mlp` and :func:`moe` for output ``y``, in float32: ``"linear"``,
     ``sum(y * dy)`` for a given cotangent ``dy`` (the paper's Table 1 accounting: the gradient
@@ -71,12 +77,11 @@ def _loss(model: str, loss: str, y: Any, dy: Any) -> Any:
     """
     import jax.numpy as jnp
 
+    _check_loss(model, loss)
     if loss == "linear":
         return jnp.sum(y * dy, dtype=jnp.float32)
-    if loss == "mse":
-        diff = y.astype(jnp.float32) - dy.astype(jnp.float32)
-        return jnp.sum(diff * diff) / 2
-    raise ValueError(f"{model}: loss={loss!r} is not a known loss; give one of {LOSSES}")
+    diff = y.astype(jnp.float32) - dy.astype(jnp.float32)
+    return jnp.sum(diff * diff) / 2
 
 
 def _dtypes(param_dtype: Any, compute_dtype: Any) -> tuple[Any, Any]:
@@ -122,8 +127,7 @@ def mlp(batch: int = 1024, d_io: int = 512, d_hidden: int = 2048, train: bool = 
         g.dims  # {'batch': 64, 'io': 32, 'hidden': 128}
     """
     _check_sizes("mlp", locals())
-    if loss not in LOSSES:
-        raise ValueError(f"mlp: loss={loss!r} is not a known loss; give one of {LOSSES}")
+    _check_loss("mlp", loss)
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
@@ -466,8 +470,7 @@ def moe(*, d_model: int = 64, d_ff: int = 128, experts: int = 8, capacity: int =
     up to 256 tokens); dispatch, experts and combine run in ``compute_dtype``.
     """
     _check_sizes("moe", locals())
-    if loss not in LOSSES:
-        raise ValueError(f"moe: loss={loss!r} is not a known loss; give one of {LOSSES}")
+    _check_loss("moe", loss)
     import jax
     import jax.numpy as jnp
 

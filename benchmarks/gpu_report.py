@@ -113,12 +113,14 @@ def analyse(d: str) -> dict:
     if os.path.exists(os.path.join(d, "measured_loss.jsonl")):
         with open(os.path.join(d, "measured_loss.jsonl")) as f:
             loss_rows = [r for r in map(json.loads, filter(str.strip, f)) if "measured_s" in r]
-        with open(os.path.join(d, "live_loss.jsonl")) as f:
-            loss_live = {v["name"]: v for v in map(json.loads, filter(str.strip, f))}
+        loss_live = {}  # where the run collected dumps (--dumps)
+        if os.path.exists(os.path.join(d, "live_loss.jsonl")):
+            with open(os.path.join(d, "live_loss.jsonl")) as f:
+                loss_live = {v["name"]: v for v in map(json.loads, filter(str.strip, f)) if "live_bytes" in v}
         for r in loss_rows:
             g = autolayout.models.MODELS[r["model"]](**r["kwargs"])
             r["memory_bytes"] = autolayout.predict(g, "d:1", None, hardware=sheet).memory_bytes
-            r["live_bytes"] = loss_live[r["name"]]["live_bytes"]
+            r["live_bytes"] = loss_live.get(r["name"], {}).get("live_bytes")
     return dict(rows=rows, failed=failed, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
                 sheet=sheet, ceil=ceil, live=live, loss_rows=loss_rows)
 
@@ -234,7 +236,7 @@ def render(a: dict) -> str:
             twin = linear.get(r["name"].removesuffix("-mse"))
             out.append(f"| {r['name']} | {_ms(r['measured_s'])} | {r['memory_bytes'] / gib:.2f} / "
                        f"{r['xla_memory_bytes'] / gib:.2f} | {r['memory_bytes'] / r['xla_memory_bytes']:.3f} | "
-                       f"{r['memory_bytes'] / r['live_bytes']:.3f} | "
+                       + (f"{r['memory_bytes'] / r['live_bytes']:.3f} | " if r["live_bytes"] else "- | ")
                        + (f"{twin['memory_bytes'] / twin['xla_memory_bytes']:.3f} |" if twin else "- |"))
         out.append("")
     out += [f"Did not run: {r['name']} ({r['error']})" for r in a["failed"]] + ([""] if a["failed"] else [])
