@@ -25,6 +25,16 @@ import sys
 SEED = 0  # the calibration / held-out split of the steps
 
 
+def _jsonl(d: str, name: str) -> list[dict]:
+    """The rows of the optional JSON-lines file ``name`` in the folder ``d``; none where a run did not
+    write it (``live*.jsonl`` without ``--dumps``, ``*_loss.jsonl`` without ``--loss``)."""
+    path = os.path.join(d, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def load(d: str) -> tuple[list[dict], dict, dict]:
     """``(measured rows, device.json, kernels.json)`` of the folder ``d``."""
     with open(os.path.join(d, "measured.jsonl")) as f:
@@ -105,22 +115,15 @@ def analyse(d: str) -> dict:
         for key, hw in (("materialised", ceil), ("fused", ceil.replace(fused_attention=True))):
             row[f"{key}_pred_s"] = autolayout.predict(g, "d:1", None, hardware=hw).time_s
         attn.append(row)
-    live = {}  # XLA:GPU's live peak per step, where the run collected dumps (gpu_validate.py --dumps)
-    if os.path.exists(os.path.join(d, "live.jsonl")):
-        with open(os.path.join(d, "live.jsonl")) as f:
-            live = {v["name"]: v for v in map(json.loads, filter(str.strip, f)) if "live_bytes" in v}
-    loss_rows = []  # the MLP and MoE steps with a regression loss (gpu_validate.py --loss): memory only
-    if os.path.exists(os.path.join(d, "measured_loss.jsonl")):
-        with open(os.path.join(d, "measured_loss.jsonl")) as f:
-            loss_rows = [r for r in map(json.loads, filter(str.strip, f)) if "measured_s" in r]
-        loss_live = {}  # where the run collected dumps (--dumps)
-        if os.path.exists(os.path.join(d, "live_loss.jsonl")):
-            with open(os.path.join(d, "live_loss.jsonl")) as f:
-                loss_live = {v["name"]: v for v in map(json.loads, filter(str.strip, f)) if "live_bytes" in v}
-        for r in loss_rows:
-            g = autolayout.models.MODELS[r["model"]](**r["kwargs"])
-            r["memory_bytes"] = autolayout.predict(g, "d:1", None, hardware=sheet).memory_bytes
-            r["live_bytes"] = loss_live.get(r["name"], {}).get("live_bytes")
+    # XLA:GPU's live peak per step, where the run collected dumps (gpu_validate.py --dumps)
+    live = {v["name"]: v for v in _jsonl(d, "live.jsonl") if "live_bytes" in v}
+    loss_live = {v["name"]: v for v in _jsonl(d, "live_loss.jsonl") if "live_bytes" in v}
+    # the MLP and MoE steps with a regression loss (gpu_validate.py --loss): memory only
+    loss_rows = [r for r in _jsonl(d, "measured_loss.jsonl") if "measured_s" in r]
+    for r in loss_rows:
+        g = autolayout.models.MODELS[r["model"]](**r["kwargs"])
+        r["memory_bytes"] = autolayout.predict(g, "d:1", None, hardware=sheet).memory_bytes
+        r["live_bytes"] = loss_live.get(r["name"], {}).get("live_bytes")
     return dict(rows=rows, failed=failed, device=device, kernels=kernels, fit=fit, stats=stats, attention=attn,
                 sheet=sheet, ceil=ceil, live=live, loss_rows=loss_rows)
 
