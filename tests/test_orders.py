@@ -89,7 +89,9 @@ def test_search_points_reproduce_predict_in_both_orders():
     assert orders == {True, False}
 
 
-@pytest.mark.parametrize("limit_frac", [None, 0.8], ids=["unlimited", "limit"])
+# 0.9: six layouts fit, the fastest of the enumeration among those that do not (0.8 left four once XLA's
+# copies of the donated parameters were priced, costmodel/donations.py)
+@pytest.mark.parametrize("limit_frac", [None, 0.9], ids=["unlimited", "limit"])
 def test_search_on_cpu_returns_the_k_best_of_the_enumeration(limit_frac):
     """The search, exact for the cost model with each layout held to its own order's rows, returns
     the k fastest layouts that fit, as pricing every layout of the enumeration does."""

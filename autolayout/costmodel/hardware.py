@@ -223,6 +223,10 @@ class Hardware:
             memory model walks that order (:func:`~autolayout.costmodel.order.memory_order`);
             a scan body's weight gathers start at the body's start on every backend; see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_SCHEDULE`.
+        copies_donated_parameters: whether the compiler copies a donated parameter that a reader
+            not ordered before its update still reads, so that the copy is live from the step's
+            start to its last reader (:mod:`~autolayout.costmodel.donations`); see
+            :data:`~autolayout.costmodel.profiles.SRC_CPU_DONATED_COPIES`.
         ynn_reductions: whether a reduction with at least 4096 elements on a device runs as a
             YNNPACK fusion that reads a broadcast of a value from memory
             (:mod:`~autolayout.costmodel.broadcasts`; XLA:CPU); see
@@ -257,6 +261,7 @@ class Hardware:
     upcasts_half_dots: bool = False  # SRC_CPU_HALF_DOTS: XLA:CPU; accelerators run half dots natively
     breadth_first_schedule: bool = False  # SRC_CPU_SCHEDULE: XLA:CPU; accelerators hide latency instead
     ynn_reductions: bool = False  # SRC_CPU_YNN: XLA:CPU; accelerators fuse a broadcast into its readers
+    copies_donated_parameters: bool = False  # SRC_CPU_DONATED_COPIES: XLA:CPU; XLA:GPU does not follow the rule
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -356,6 +361,7 @@ class Hardware:
             "upcasts_half_dots": self.upcasts_half_dots,
             "breadth_first_schedule": self.breadth_first_schedule,
             "ynn_reductions": self.ynn_reductions,
+            "copies_donated_parameters": self.copies_donated_parameters,
         }
 
     @classmethod

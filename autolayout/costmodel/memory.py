@@ -28,7 +28,13 @@ holds the two side by side):
   depends on their local sizes): the search's rows hold the live sums and its solver cuts off a
   layout that meets them but not this (``search/liveness.py``, ``search/solver.py``).
   An output that reuses a donated argument's buffer (``graph.donated``, as
-  ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``);
+  ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``).
+  Where a reader of a donated parameter is not ordered before its update, XLA copies the parameter
+  at the step's start and its readers read the copy, live to the last of them
+  (:mod:`~autolayout.costmodel.donations`, on ``Hardware.copies_donated_parameters``: XLA:CPU;
+  which parameters depends on the layout); the parameter's own buffer then holds temporaries until
+  the update is written over them there, counted as the output allocations are (a ``"donor"`` of
+  :func:`_output_peak`: nothing more than its own bytes);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
@@ -99,6 +105,7 @@ from typing import Mapping
 from autolayout.core import Mesh
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
+from autolayout.costmodel.donations import param_copy_spans
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
@@ -269,7 +276,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 partials: Mapping[str, int] | None = None, combines: bool = False,
                 kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None,
                 recomputed: Mapping[tuple[str, str], int] | None = None,
-                temp_parts: Mapping[str, tuple[int, ...]] | None = None) -> tuple[int, dict]:
+                temp_parts: Mapping[str, tuple[int, ...]] | None = None,
+                param_copies: Mapping[str, int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -301,11 +309,14 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     last reader because ``value`` is recomputed from it (``recomputed.recomputed_spans``, as
     ``activations``; 0 where the layout writes the value). ``temp_parts[op]``: the buffers
     ``temps[op]`` is made of (``OpCost.running_parts`` and the operand copies at the dot), each
-    placed on its own in an output allocation not yet written (:func:`_output_peak`)."""
+    placed on its own in an output allocation not yet written (:func:`_output_peak`).
+    ``param_copies[param]``: the bytes of XLA's copy of a donated parameter
+    (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {}, recomputed or {})
+    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {}, recomputed or {},
+                   param_copies or {})
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
     units, alloc, free = lifetimes(graph)
@@ -376,7 +387,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     for n in live + list(body_live):
         breakdown[category[n]] += size[n]
     for what, b in here:
-        breakdown["activations" if what in ("copy", "kept", "broadcast") else "transient"] += b
+        breakdown[_SPAN_CATEGORY.get(what, "transient")] += b
     breakdown["transient"] = transient
     return max(best, 0), breakdown
 
@@ -451,22 +462,29 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     the points right after a unit, ``phases.after_points``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     A running op's transient bytes are the buffers of ``temp_parts[op]``, placed one by one.
-    None when no output takes bytes of its own."""
+    A copied parameter's own buffer (a ``"donor"`` span of :func:`_spans`, counted with the
+    arguments) holds temporaries from the step's start to the unit that writes its update there,
+    as an output allocation not yet written does, and takes nothing more.
+    None when no output takes bytes of its own and no parameter is copied."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
-    if not written:
+    if not written and not any(what == "donor" for group in spans.values() for *_, what in group):
         return None
     args = step_arguments(graph)
-    best: tuple[int, list, list, list, list] | None = None  # (total, names, extras, free outputs, placed)
+    best: tuple | None = None  # (total, names, extras, free outputs, temporaries, free donated buffers)
 
     def point(i: int, names: list, extras: list[tuple[str, int]], unwritten: str | None = None) -> None:
         nonlocal best
         free_outs = [o for o, at in written.items() if at > i or o == unwritten]
-        buffers = [size[n] for n in names if n not in args and n not in outs] + [b for _, b in extras]
+        free_donors = [b for what, b in extras if what == "donor"]
+        extras = [(what, b) for what, b in extras if what != "donor"]
+        # the temporaries there (a parameter's copy is live from the step's start: in no allocation freed later)
+        buffers = ([size[n] for n in names if n not in args and n not in outs]
+                   + [b for what, b in extras if what != "param-copy"])
         total = (sum(size[n] for n in names) + sum(b for _, b in extras)
-                 + unplaced_output_bytes(buffers, [size[o] for o in free_outs]))
+                 + unplaced_output_bytes(buffers, [size[o] for o in free_outs] + free_donors) - sum(free_donors))
         if best is None or total > best[0]:
-            best = (total, names, extras, free_outs, buffers)
+            best = (total, names, extras, free_outs, buffers, free_donors)
 
     def running(op: str | None) -> list[tuple[str, int]]:  # the op's transient bytes, buffer by buffer
         parts = temp_parts.get(op)
@@ -507,21 +525,23 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         if isinstance(units[i], Loop):  # right after a scan
             point(i, [n for n in alloc if alloc[n] <= i <= free[n] and n not in set(gone)],
                   list(bufs) + _copies_at(spans.get(None, ()), i, False))
-    total, names, extras, free_outs, buffers = best
+    total, names, extras, free_outs, buffers, free_donors = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     for n in names:
         breakdown[category[n]] += size[n]
     for what, b in extras:
-        breakdown[category[what.removeprefix("result:")] if what.startswith("result:") else "activations"
-                  if what in ("copy", "kept", "broadcast") else "transient"] += b
-    # each output allocation not yet written counts what the temporaries it holds leave of it
-    left = [size[o] for o in free_outs]
+        breakdown[category[what.removeprefix("result:")] if what.startswith("result:")
+                  else _SPAN_CATEGORY.get(what, "transient")] += b
+    # each output allocation not yet written counts what the temporaries it holds leave of it; a copied
+    # parameter's buffer (counted with the parameters) less what it holds
+    left = [size[o] for o in free_outs] + list(free_donors)
     for b, k in zip(buffers, output_placement(buffers, left)):
         if k is not None:
             left[k] -= b
     for o, b in zip(free_outs, left):
         breakdown[category[o]] += b
+    breakdown["params"] -= sum(free_donors) - sum(left[len(free_outs):])
     return max(total, 0), breakdown
 
 
@@ -534,14 +554,17 @@ def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
            early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int],
-           recomputed: Mapping[tuple[str, str], int]) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           recomputed: Mapping[tuple[str, str], int], param_copies: Mapping[str, int]
+           ) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``),
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``), operands
     kept for renames that are bitcasts and sources kept for recomputed values
     (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``, ``"kept"``) and broadcasts XLA
-    writes (``broadcasts.broadcast_spans``, ``"broadcast"``); of the last three, those the layout
-    gives bytes (``kept``, ``recomputed``, ``broadcasts``)."""
+    writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and the copies of donated parameters
+    (``donations.param_copy_spans``, ``"param-copy"``) with their own buffers, free until the update
+    is written there (``"donor"``: no bytes of their own, :func:`_output_peak`); of the last four,
+    those the layout gives bytes (``kept``, ``recomputed``, ``broadcasts``, ``param_copies``)."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
@@ -560,7 +583,16 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
         for source, value, start, stop in group:
             if recomputed.get((source, value), 0):
                 out.setdefault(loop, []).append((start, stop, recomputed[source, value], "kept"))
+    for param, start, stop, written in param_copy_spans(graph) if param_copies else ():
+        if param_copies.get(param, 0):
+            out.setdefault(None, []).append((start, stop, param_copies[param], "param-copy"))
+            # its own buffer, free for temporaries until the update is written over them there
+            out.setdefault(None, []).append((start, written, param_copies[param], "donor"))
     return out
+
+
+# the breakdown category of each kind of :func:`_spans` buffer (others: ``transient``)
+_SPAN_CATEGORY = {"copy": "activations", "kept": "activations", "broadcast": "activations", "param-copy": "params"}
 
 
 def _held_at(groups, units, i: int, held: Mapping[str, int]) -> list[tuple[str, int]]:

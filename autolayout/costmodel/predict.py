@@ -19,6 +19,7 @@ from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.gradients import gradients_reduced
 from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
+from autolayout.costmodel.donations import copied_parameters
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
 from autolayout.costmodel.rules import Collective, price
@@ -191,11 +192,15 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     broadcasts = {(v, r): broadcast_bytes(p.placements[r].local_elements(graph.dims, mesh),
                                           stored_itemsize(graph, r, hw), hw.ynn_reductions)
                   for group in broadcast_spans(walk).values() for v, r, _, _ in group}
+    # a donated parameter XLA copies before writing its update over it (costmodel/donations.py)
+    stages = {q: sh.stage for q, sh in p.shards.items()}
+    param_copies = {q: size[q] for q in copied_parameters(walk, resolve_layout(graph, mesh, p.layout)[2], stages,
+                                                          hw)}
     mem_total, breakdown = peak_memory(walk, size, temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
                                      combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
-                                     recomputed=recomputed, temp_parts=temp_parts)
+                                     recomputed=recomputed, temp_parts=temp_parts, param_copies=param_copies)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

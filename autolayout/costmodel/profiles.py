@@ -276,6 +276,15 @@ SRC_CPU_YNN = (
     "writes at the broadcast's shape (measured: tests/test_broadcasts.py, the wrapped_broadcast of a norm's "
     "rsqrt at 8x16x32 elements and none at 4x16x32; linen_gpt's layer norm backward in "
     "benchmarks/memory_vs_xla.py); XLA:TPU and XLA:GPU fuse the broadcast into its readers.")
+SRC_CPU_DONATED_COPIES = (
+    "XLA's copy insertion copies an argument aliased to an output (jax.jit donate_argnums) where one of its "
+    "readers may run after the instruction writing that output (openxla/xla xla/service/copy_insertion.cc: "
+    "AddCopiesForAliasedInputOutputs, then RemoveUnnecessaryCopies under the dependency ordering); on XLA:CPU a "
+    "donated parameter is copied exactly when a reader is not an ancestor of that instruction (measured: the "
+    "optimized HLO of 61 donated layouts of benchmarks/memory_vs_xla.py, 61 of 61; the traced-graph rule of "
+    "costmodel/donations.py agrees in 57, equinox_block's stage-2 and replicated steps copying 4-5 more). "
+    "XLA:GPU does not follow the rule (reports/gpu/hlo.zip, hlo_loss.zip: 8 of 24 H200 steps copy 9 parameters; "
+    "the rule counts agree in 7 of 24 steps, naming copies in 13), so GPU and TPU profiles leave it off.")
 SRC_CPU_GRADIENT_REDUCTIONS = (
     "XLA:CPU combines every all-reduce that does not depend on another into one, with no byte threshold "
     "(openxla/xla xla/service/cpu/cpu_compiler.cc: CpuAllReduceCombiner(kCombineBytes = "
@@ -364,6 +373,7 @@ CPU = Hardware(
     upcasts_half_dots=True,  # SRC_CPU_HALF_DOTS
     breadth_first_schedule=True,  # SRC_CPU_SCHEDULE
     ynn_reductions=True,  # SRC_CPU_YNN
+    copies_donated_parameters=True,  # SRC_CPU_DONATED_COPIES
     # XLA:CPU copies a dot's operands into [batch, M, K] order (costmodel/dotcopy.py), as calibrate sets
     dot_operand_copies=True,
     description=(

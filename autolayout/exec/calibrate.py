@@ -495,6 +495,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         breadth_first_schedule=platform == "cpu",
         # XLA:CPU's YNNPACK reductions read broadcasts from memory (profiles.SRC_CPU_YNN)
         ynn_reductions=platform == "cpu",
+        copies_donated_parameters=platform == "cpu",  # SRC_CPU_DONATED_COPIES
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),

@@ -50,6 +50,15 @@ on the collective's point alone: the results are written there); which do depend
 like the output allocations, they count in :func:`peak_of` but not in the rows' live sums
 (:func:`live_peak_of`): the solver cuts off a layout they put over the limit (a no-good cut).
 
+Where the hardware copies donated parameters read out of order (``costmodel.donations``), a point
+from the step's start to the last reader of such a parameter lists its :func:`param_copy`, and one
+before its update is written lists its :func:`donor` buffer, which holds temporaries as an output
+allocation not yet written does (:func:`total_at`). Which parameters are copied depends on the
+whole layout (a ZeRO stage-3 parameter's readers read its all-gathered copy; the combined gradient
+all-reduce orders every reader of a gradient before the updates): ``search.warm.sizes_of`` sizes
+them from ``donations.copied_parameters``, and like the :func:`combined` names they count in
+:func:`peak_of` but not in the rows' live sums (a no-good cut where they put a layout over).
+
 Where a layout's order depends on whether it reduces a gradient (``costmodel.order.memory_order``:
 XLA:CPU's combined gradient reduction), :func:`live_points` lists the points of both orders, each
 guarded by its order (:class:`LivePoints`), and :func:`peak_of` counts those of the layout's own
@@ -73,6 +82,7 @@ from autolayout.costmodel.gradients import (combined_point, combined_reductions,
 from autolayout.costmodel.phases import collective_points, split_reductions
 
 from autolayout.costmodel.copies import copy_spans
+from autolayout.costmodel.donations import param_copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
@@ -85,7 +95,8 @@ __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "
            "held", "is_held", "partial", "is_partial", "result", "is_result",
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
-           "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind"]
+           "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind", "param_copy", "is_param_copy",
+           "param_of", "donor", "is_donor", "is_layout_sized"]
 
 _TRANSIENT = "\x00transient:"
 _TRANSIENT_PART = "\x00transient-part:"
@@ -98,6 +109,8 @@ _RESULT = "\x00result:"
 _KEPT = "\x00kept:"
 _BROADCAST = "\x00broadcast:"
 _RECOMPUTED = "\x00recomputed:"
+_PARAM_COPY = "\x00param-copy:"
+_DONOR = "\x00donor:"
 
 
 def transient(op: str) -> str:
@@ -292,6 +305,43 @@ def span_kind(name: str) -> SpanKind | None:
     return next((k for k in SPAN_KINDS if name.startswith(k.prefix)), None)
 
 
+def param_copy(param: str) -> str:
+    """The name under which the live sets from the step's start to the last reader of a donated
+    ``param`` list the copy XLA makes of it where the layout does not let it write the update over
+    the parameter in place (``costmodel.donations``: sized by the layout,
+    ``search.warm.sizes_of``)."""
+    return _PARAM_COPY + param
+
+
+def is_param_copy(name: str) -> bool:
+    return name.startswith(_PARAM_COPY)
+
+
+def param_of(name: str) -> str:
+    """The parameter of a :func:`param_copy` name."""
+    return name[len(_PARAM_COPY):]
+
+
+def donor(param: str) -> str:
+    """The name under which the live sets from the step's start to the unit that writes a donated
+    ``param``'s update list its own buffer, which holds temporaries there where XLA copies the
+    parameter (:func:`param_copy` sized), as an output allocation not yet written does
+    (:func:`total_at`); it takes no bytes of its own (the parameter's are counted)."""
+    return _DONOR + param
+
+
+def is_donor(name: str) -> bool:
+    return name.startswith(_DONOR)
+
+
+def is_layout_sized(name: str) -> bool:
+    """Whether a live-set name's bytes depend on the whole layout, not on the dims of one group:
+    a :func:`combined` name (which all-reduces the combiner groups), a :func:`param_copy` (which
+    parameters XLA copies) and its :func:`donor` buffer. The memory rows leave them out
+    (:func:`live_peak_of`); the solver cuts off a layout they put over the limit (a no-good cut)."""
+    return is_combined(name) or is_param_copy(name) or is_donor(name)
+
+
 def combined(member: str, last: str) -> str:
     """The name under which the live set of ``last``'s point lists the partial sums ``member``
     holds there when a layout combines their all-reduces (``costmodel.combine``)."""
@@ -329,7 +379,7 @@ class LivePoints(list):
         super().__init__(points)
         self.outputs = outputs
         self.arguments = arguments
-        self.combined = any(is_combined(n) for names in points for n in names)  # layout-sized names
+        self.combined = any(is_layout_sized(n) for names in points for n in names)  # layout-sized names
         self.guards = tuple(guards) if guards is not None else (None,) * len(points)
         self.graph = graph
         self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
@@ -357,9 +407,10 @@ class LivePoints(list):
             skip = self.outputs | self.arguments
             outputs = sorted(self.outputs)
             self._split = []
-            for names in self:
+            for names in self:  # a parameter's copy, live from the step's start, is in no allocation freed later
                 here = set(names)
-                self._split.append((tuple(n for n in names if n not in skip),
+                temps = tuple(n for n in names if n not in skip and not is_param_copy(n) and not is_donor(n))
+                self._split.append((temps,
                                     tuple(o for o in outputs if o not in here)))
         return self._split
 
@@ -420,6 +471,9 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     for kind in SPAN_KINDS:
         for loop, members in kind.names(graph, early).items():
             named.setdefault(loop, []).extend(members)
+
+    for param, start, stop, written in param_copy_spans(graph):  # a donated parameter's copy, its own buffer
+        named.setdefault(None, []).extend([(param_copy(param), start, stop), (donor(param), start, written)])
 
     def copies_at(loop: str | None, i: int, ending: bool = True) -> tuple[str, ...]:
         return tuple(n for n, start, stop in named.get(loop, ()) if start <= i <= stop and (ending or stop > i))
@@ -483,13 +537,17 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
 
 def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -> int:
     """The bytes :func:`peak_of` counts at point ``i``: its live bytes, plus the unplaced bytes
-    of the outputs allocated for the whole call not yet written there (:class:`LivePoints`)."""
+    of the outputs allocated for the whole call not yet written there (:class:`LivePoints`), less
+    the temporaries the free buffers of copied parameters hold there (:func:`donor`)."""
     total = sum(size.get(n, 0) for n in points[i])
-    if getattr(points, "outputs", frozenset()):
+    # the buffers of the parameters XLA copies, free there (donor): they hold temporaries and add nothing
+    donors = [b for n in points[i] if is_donor(n) and (b := size.get(param_copy(n[len(_DONOR):]), 0))]
+    if getattr(points, "outputs", frozenset()) or donors:
         temps, free = points.split()[i]
         free_bytes = [size.get(o, 0) for o in free]
-        if any(free_bytes):
-            total += unplaced_output_bytes([b for n in temps for b in _buffers(n, size)], free_bytes)
+        if any(free_bytes) or donors:
+            total += unplaced_output_bytes([b for n in temps for b in _buffers(n, size)], free_bytes + donors)
+            total -= sum(donors)
     return total
 
 
@@ -519,7 +577,7 @@ def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tu
     layout's order, :func:`indices_of`: a floor over every layout is :func:`floor_of`)."""
     best, at = -1, 0
     for i in indices_of(points, size):
-        total = sum(size.get(n, 0) for n in points[i] if not is_combined(n))
+        total = sum(size.get(n, 0) for n in points[i] if not is_layout_sized(n))
         if total > best:
             best, at = total, i
     return max(best, 0), at
@@ -531,7 +589,7 @@ def floor_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> int:
     :class:`LivePoints` have two (``size`` does not say which order a layout takes)."""
     if not getattr(points, "two_orders", False):
         return live_peak_of(points, size)[0]
-    return min(max((sum(size.get(n, 0) for n in points[i] if not is_combined(n)) for i in points.indices(order)),
+    return min(max((sum(size.get(n, 0) for n in points[i] if not is_layout_sized(n)) for i in points.indices(order)),
                    default=0) for order in (True, False))
 
 

@@ -45,7 +45,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import is_combined, is_held, is_partial, is_result, is_transient, op_of, span_kind
+from autolayout.search.liveness import (is_held, is_layout_sized, is_partial, is_result, is_transient, op_of,
+                                        span_kind)
 from autolayout.search.orders import enforce
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
@@ -357,7 +358,7 @@ class LayoutModel:
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
             elif (kind := span_kind(n)) is not None:  # a buffer live over a span (liveness.SPAN_KINDS)
                 dims, vec = kind.nbytes(tables, *kind.parts(n))
-            elif is_combined(n):  # held for a combined all-reduce: layout-dependent, 0 in the rows
+            elif is_layout_sized(n):  # a combined all-reduce's, a parameter's copy: by the whole layout, 0 here
                 continue
             else:
                 dims, vec = tables.stored_bytes(graph.tensor(n))

@@ -7,10 +7,11 @@ under a point, as ``predict`` counts them.
 from __future__ import annotations
 
 from autolayout.costmodel.combine import combined_all_reduces, held_pairs
+from autolayout.costmodel.donations import copied_parameters, donated_readers
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.phases import phased_reductions
-from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, partial, peak_of, reduces_gradient,
-                                        result, total_at, transient, transient_part)
+from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, param_copy, partial, peak_of,
+                                        reduces_gradient, result, total_at, transient, transient_part)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -51,6 +52,11 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
             sizes[n] = sizes.get(n, 0) + b
     sizes.update(_combined_sizes(tables, point, tables.graph if reduces_gradient(tables.graph, sizes)
                                  else tables.unreduced))
+    # the donated parameters XLA copies under this layout (costmodel.donations, as predict counts them)
+    copied = copied_parameters(tables.graph, point.axes_of, {q: stage for q, (_, stage) in point.wus.items()},
+                               tables.hw)
+    for q in donated_readers(tables.graph):
+        sizes[param_copy(q)] = sizes[q] if q in copied else 0
     return sizes
 
 
