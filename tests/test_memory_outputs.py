@@ -10,7 +10,7 @@ import pytest
 
 from autolayout import predict, trace
 from autolayout.costmodel.profiles import get_hardware
-from autolayout.costmodel.outputs import output_placement, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import output_placement, partial_buffers, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.order import memory_order
 from autolayout.search.liveness import live_peak_of, live_points, peak_of
 
@@ -48,6 +48,18 @@ def _cumsum_search():
     mesh, hw = Mesh.parse("rows:2,cols:2"), get_hardware("tpu-v3")
     return g, mesh, hw, Tables(g, mesh, hw, regions=False), live_points(
         g, early=hw.breadth_first_schedule, combines=hw.combines_gradient_reductions)
+
+
+def test_a_relayout_copy_is_a_buffer_apart_from_the_partial_sums_it_copies():
+    """By hand: a reduce-scatter's partial sums and XLA:CPU's relayout copy of them are two buffers
+    (``memory.relayout_bytes``), each placed on its own: two 128-byte allocations hold both, where
+    their 256-byte sum fits neither."""
+    assert partial_buffers(256, 128) == (128, 128)
+    assert partial_buffers(128, 0) == (128,)
+    assert unplaced_output_bytes(list(partial_buffers(256, 128)), [128, 128]) == 0
+    assert unplaced_output_bytes([256], [128, 128]) == 256
+    with pytest.raises(ValueError, match=r"relayout copy \(300 B\) is larger than .* \(256 B\)"):
+        partial_buffers(256, 300)
 
 
 @pytest.mark.parametrize("n", [256, 64])

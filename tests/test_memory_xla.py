@@ -21,6 +21,9 @@ from autolayout import execute  # noqa: E402
 WITHIN = [  # (model id in bench.CASES, layout)
     ("mlp-train", ""),
     ("mlp-train", "batch:data,model"),  # the gradients' combined all-reduce (memory.held_bytes)
+    # ... and the reduce-scatters' relayout copy, a buffer apart from the partial sums it copies (memory.relayout_bytes),
+    # beside XLA's copies of the donated weights, whose own buffers hold temporaries (costmodel/donations.py)
+    ("mlp-train", "batch:data,model|*:data,model@1"),
     ("moe-train", "batch:data,model"),
     ("mlp-forward", "batch:data,model"),
     # the step's outputs reduced in two phases (phases.split_reductions): 1.18 before, 1.036 now
@@ -206,16 +209,13 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "for its whole life and leaves the first weight's buffer empty from copy.11 to the gradient dot (positions "
         "7-16): a lower bound of XLA's placement, here by 64 KiB"),
     ("mlp-mse-train", "batch:data,model|*:data,model@1"): (
-        "1.432 (1.231 before the copies were priced, which XLA makes: copy.23, copy.24). XLA:CPU runs each "
+        "1.231, as before XLA's copies of the donated weights were priced (copy.23, copy.24: 1.432 with them alone; "
+        "their own buffers hold the partial sums and, apart, their relayout copy, wrapped_copy.1). XLA:CPU runs each "
         "gradient's reduce-scatter (three, not combined) a few positions after its relayout copy, freeing its "
         "partial sums there, where the model holds them to one combined reduction (costmodel/gradients.py): the "
-        "scattered order, which the copies no longer offset (DESIGN §11, sessions 13-15)"),
+        "scattered order (DESIGN §11, sessions 13-15; 1.000 with it, predict-only)"),
     ("mlp-mse-train", "batch:data,model|*:data,model@2"): (
-        "1.432: as at ZeRO stage 1 (XLA's figure the same, 570608 B; three reduce-scatters, copy.23 and copy.24)"),
-    ("mlp-train", "batch:data,model|*:data,model@1"): (
-        "1.191 (1.025 before XLA's copies of the donated parameters were priced: they offset the error below). "
-        "XLA:CPU runs each gradient's reduce-scatter after its own dot and relayout copy, not at one combined "
-        "reduction as the model holds them (costmodel/gradients.py): the scattered order (DESIGN §11, session 15)"),
+        "1.231: as at ZeRO stage 1 (XLA's figure the same, 570608 B; three reduce-scatters, copy.23 and copy.24)"),
 }
 
 

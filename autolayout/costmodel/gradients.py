@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.costmodel.lifetimes import freed_at
+from autolayout.costmodel.outputs import partial_buffers
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
@@ -102,12 +103,15 @@ def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]
     return {loop: (at, freed_at(graph, loop, at)) for loop, (at, _) in combined_reductions(graph).items()}
 
 
-def gradient_bytes(ops: tuple[str, ...], held: Mapping[str, int], partials: Mapping[str, int]) -> tuple[int, ...]:
+def gradient_bytes(ops: tuple[str, ...], held: Mapping[str, int], partials: Mapping[str, int],
+                   relayouts: Mapping[str, int] | None = None) -> tuple[int, ...]:
     """The buffers the combined reduction of ``ops`` (:func:`combined_reductions`) holds where it
-    runs, one per op: the held partial sums ``held[op]`` (``memory.held_bytes``), the last op's
-    ``partials[op]`` with their relayout copy (``memory.partial_bytes``: XLA copies one gradient
-    at a time)."""
-    return tuple(held.get(o, 0) for o in ops[:-1]) + (partials.get(ops[-1], 0),)
+    runs: the held partial sums ``held[op]`` of each op but the last (``memory.held_bytes``), the
+    last op's ``partials[op]`` with their relayout copy (``memory.partial_bytes``: XLA copies one
+    gradient at a time), that copy a buffer of its own (``relayouts[op]``, ``memory.relayout_bytes``;
+    ``outputs.partial_buffers``)."""
+    last = partial_buffers(partials.get(ops[-1], 0), (relayouts or {}).get(ops[-1], 0))
+    return tuple(held.get(o, 0) for o in ops[:-1]) + last
 
 
 @lru_cache(maxsize=256)

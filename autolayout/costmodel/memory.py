@@ -29,12 +29,9 @@ holds the two side by side):
   layout that meets them but not this (``search/liveness.py``, ``search/solver.py``).
   An output that reuses a donated argument's buffer (``graph.donated``, as
   ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``).
-  Where a reader of a donated parameter is not ordered before its update, XLA copies the parameter
-  at the step's start and its readers read the copy, live to the last of them
-  (:mod:`~autolayout.costmodel.donations`, on ``Hardware.copies_donated_parameters``: XLA:CPU;
-  which parameters depends on the layout); the parameter's own buffer then holds temporaries until
-  the update is written over them there, counted as the output allocations are (a ``"donor"`` of
-  :func:`_output_peak`: nothing more than its own bytes);
+  A donated parameter XLA copies (:mod:`~autolayout.costmodel.donations`) has the copy live from
+  the step's start to its last reader, and its own buffer holds temporaries until the update, as
+  an output allocation not yet written does (a ``"donor"`` of :func:`_output_peak`);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
@@ -111,7 +108,8 @@ from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
-from autolayout.costmodel.outputs import output_placement, step_arguments, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import (output_placement, partial_buffers, step_arguments, unplaced_output_bytes,
+                                         whole_call_outputs)
 from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.phases import Phases, after_bytes, after_points
 from autolayout.costmodel.plan import OpPlan, grad_of
@@ -119,8 +117,8 @@ from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "held_bytes", "stored_itemsize",
-           "stored_bytes", "operand_copy_bytes"]
+__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "relayout_bytes", "held_bytes",
+           "stored_itemsize", "stored_bytes", "operand_copy_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -172,13 +170,21 @@ def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
     :func:`peak_memory` counts these in the reduction's own phase, after the contraction has
     freed its inputs."""
+    return int(_partial_bytes(p, op, mesh, hardware) + relayout_bytes(p, op, mesh, hardware))
+
+
+def relayout_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
+    """The part of :func:`partial_bytes` that is XLA:CPU's relayout copy of the partial sums before a
+    reduce-scatter (``hardware.reduce_scatter_copies``; else 0): a buffer of its own, placed apart
+    (``outputs.partial_buffers``; the zoo mlp's ZeRO-1 step: ``dot_general.22`` in a copied weight's
+    buffer, ``wrapped_copy.1`` beside it)."""
     extra = _partial_bytes(p, op, mesh, hardware)
     if extra and hardware.reduce_scatter_copies:
         sizes = {d.name: d.size for d in op.dims}
         lead = [d for d in p.computed.dims if p.computed.local_size(d, sizes[d], mesh) > 1][:1]
         if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
-            extra *= 2
-    return int(extra)
+            return int(extra)
+    return 0
 
 
 def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
@@ -277,7 +283,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 kept: Mapping[str, int] | None = None, broadcasts: Mapping[tuple[str, str], int] | None = None,
                 recomputed: Mapping[tuple[str, str], int] | None = None,
                 temp_parts: Mapping[str, tuple[int, ...]] | None = None,
-                param_copies: Mapping[str, int] | None = None) -> tuple[int, dict]:
+                param_copies: Mapping[str, int] | None = None,
+                relayouts: Mapping[str, int] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -311,7 +318,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     ``temps[op]`` is made of (``OpCost.running_parts`` and the operand copies at the dot), each
     placed on its own in an output allocation not yet written (:func:`_output_peak`).
     ``param_copies[param]``: the bytes of XLA's copy of a donated parameter
-    (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place)."""
+    (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place).
+    ``relayouts[op]``: the relayout copy in ``partials[op]`` (:func:`relayout_bytes`), placed apart."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
@@ -326,11 +334,12 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
         return _held_at(combined.get(loop, ()), seq, seq.index(op), held)
 
     # points right after a unit: the gradients' combined reduction, the collectives the order runs late
+    relayouts = relayouts or {}
     after = after_points(graph, partials or {}, held_at,
-                         {loop: (*points[loop], gradient_bytes(ops, held, partials or {}))
-                          for loop, (_, ops) in combined_reductions(graph).items() if loop in points})
+                         {loop: (*points[loop], gradient_bytes(ops, held, partials or {}, relayouts))
+                          for loop, (_, ops) in combined_reductions(graph).items() if loop in points}, relayouts)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
-                         phases, after, temp_parts or {})  # outputs allocated for the whole call
+                         phases, after, temp_parts or {}, relayouts)  # outputs allocated for the whole call
     if whole is not None:
         return whole
     waiting = _waiting(combined.get(None, ()), units, held)
@@ -452,7 +461,8 @@ def _body_peak(graph: Graph, lp: Loop, size: Mapping[str, int], temps: Mapping[s
 def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int], held: Mapping[str, int],
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
                  spans: Mapping[str | None, list], combined: Mapping, phases: Phases,
-                 after: Mapping, temp_parts: Mapping[str, tuple[int, ...]]) -> tuple[int, dict] | None:
+                 after: Mapping, temp_parts: Mapping[str, tuple[int, ...]],
+                 relayouts: Mapping[str, int]) -> tuple[int, dict] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
@@ -462,10 +472,8 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     the points right after a unit, ``phases.after_points``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     A running op's transient bytes are the buffers of ``temp_parts[op]``, placed one by one.
-    A copied parameter's own buffer (a ``"donor"`` span of :func:`_spans`, counted with the
-    arguments) holds temporaries from the step's start to the unit that writes its update there,
-    as an output allocation not yet written does, and takes nothing more.
-    None when no output takes bytes of its own and no parameter is copied."""
+    A copied parameter's own buffer (``"donor"``, :func:`_spans`) holds temporaries as an output
+    allocation not yet written does and adds nothing. None without either."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
     if not written and not any(what == "donor" for group in spans.values() for *_, what in group):
@@ -514,7 +522,9 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                 top = _copies_at(spans.get(None, ()), i, False)
             else:
                 own = _copies_at(spans.get(loop, ()), j, False)
-            point(i, [n for n in live if n not in gone], [("transient", phases.partials.get(op, 0))] + held_here + top
+            point(i, [n for n in live if n not in gone],
+                  [("transient", b) for b in partial_buffers(phases.partials.get(op, 0), relayouts.get(op, 0))]
+                  + held_here + top
                   + list(own))
         for at, gone, bufs in after.get(loop, ()):  # points right after this op (phases.after_points)
             if at == (i if loop is None else j):
@@ -533,8 +543,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     for what, b in extras:
         breakdown[category[what.removeprefix("result:")] if what.startswith("result:")
                   else _SPAN_CATEGORY.get(what, "transient")] += b
-    # each output allocation not yet written counts what the temporaries it holds leave of it; a copied
-    # parameter's buffer (counted with the parameters) less what it holds
+    # each output allocation not yet written counts what the temporaries it holds leave of it (a donor: less)
     left = [size[o] for o in free_outs] + list(free_donors)
     for b, k in zip(buffers, output_placement(buffers, left)):
         if k is not None:
@@ -561,10 +570,9 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``), operands
     kept for renames that are bitcasts and sources kept for recomputed values
     (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``, ``"kept"``) and broadcasts XLA
-    writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and the copies of donated parameters
-    (``donations.param_copy_spans``, ``"param-copy"``) with their own buffers, free until the update
-    is written there (``"donor"``: no bytes of their own, :func:`_output_peak`); of the last four,
-    those the layout gives bytes (``kept``, ``recomputed``, ``broadcasts``, ``param_copies``)."""
+    writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and XLA's copies of donated parameters
+    with their own buffers until the update (``donations.param_copy_spans``, ``"param-copy"``,
+    ``"donor"``); of the last four, those the layout gives bytes."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
@@ -585,9 +593,8 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
                 out.setdefault(loop, []).append((start, stop, recomputed[source, value], "kept"))
     for param, start, stop, written in param_copy_spans(graph) if param_copies else ():
         if param_copies.get(param, 0):
-            out.setdefault(None, []).append((start, stop, param_copies[param], "param-copy"))
-            # its own buffer, free for temporaries until the update is written over them there
-            out.setdefault(None, []).append((start, written, param_copies[param], "donor"))
+            out.setdefault(None, []).extend([(start, stop, param_copies[param], "param-copy"),
+                                             (start, written, param_copies[param], "donor")])
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from autolayout.graph import Graph
 
-__all__ = ["step_arguments", "whole_call_outputs", "output_placement", "unplaced_output_bytes"]
+__all__ = ["step_arguments", "whole_call_outputs", "output_placement", "unplaced_output_bytes", "partial_buffers"]
 
 
 def step_arguments(graph: Graph) -> frozenset[str]:
@@ -68,3 +68,16 @@ def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int]) -> 
     (``search.liveness.peak_of``) both add this at every point (one rule)."""
     placed = output_placement(temps, free_outputs)
     return int(sum(free_outputs) - sum(t for t, p in zip(temps, placed) if p is not None))
+
+
+def partial_buffers(partial: int, relayout: int) -> tuple[int, ...]:
+    """The buffers a reduction's ``partial`` bytes (``memory.partial_bytes``) are, each placed on
+    its own: the partial sums, and apart from them their relayout copy (``relayout``,
+    ``memory.relayout_bytes``: written by an instruction of its own), where there is one.
+
+    Raises:
+        ValueError: ``relayout`` is more than ``partial``."""
+    if relayout > partial:
+        raise ValueError(f"partial_buffers: the relayout copy ({relayout} B) is larger than the partial sums "
+                         f"and their copy together ({partial} B)")
+    return (partial - relayout, relayout) if relayout else (partial,)

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from autolayout.costmodel.gradients import combined_reductions, deferred_reductions
 from autolayout.costmodel.lifetimes import freed_at, lifetimes
+from autolayout.costmodel.outputs import partial_buffers
 from autolayout.graph import Graph, Loop
 
 __all__ = ["split_reductions", "phased_reductions", "collective_points", "after_points", "after_bytes", "Phases"]
@@ -104,19 +105,23 @@ def collective_points(graph: Graph) -> Mapping[str, tuple[str | None, int, tuple
     return MappingProxyType(out)
 
 
-def after_points(graph: Graph, partials: Mapping[str, int], held_at, combined: Mapping | None = None
+def after_points(graph: Graph, partials: Mapping[str, int], held_at, combined: Mapping | None = None,
+                 relayouts: Mapping[str, int] | None = None
                  ) -> dict[str | None, list[tuple[int, tuple[str, ...], list[tuple[str, int]]]]]:
     """Per computation, the points right after a unit: ``(position, tensors freed there,
     buffers live there as (kind, bytes))``: the collective phase of each op of
     :func:`collective_points` (its partial sums, ``"transient"``, and ``held_at(computation,
     op)``, the held bytes of the other members of a combined all-reduce it ends), and
     ``combined``'s points (``{computation: (position, freed, [held bytes])}``: the gradients'
-    combined reduction, ``gradients.combined_point``, ``gradients.gradient_bytes``)."""
+    combined reduction, ``gradients.combined_point``, ``gradients.gradient_bytes``). ``relayouts[op]``:
+    the part of ``partials[op]`` that is its relayout copy, a buffer of its own
+    (``outputs.partial_buffers``)."""
     out: dict[str | None, list] = {}
     for loop, (at, gone, bs) in (combined or {}).items():
         out.setdefault(loop, []).append((at, tuple(gone), [("held", b) for b in bs]))
     for op, (loop, at, gone) in collective_points(graph).items():
-        out.setdefault(loop, []).append((at, gone, [("transient", partials.get(op, 0))] + list(held_at(loop, op))))
+        own = partial_buffers(partials.get(op, 0), (relayouts or {}).get(op, 0))  # its relayout copy apart
+        out.setdefault(loop, []).append((at, gone, [("transient", b) for b in own] + list(held_at(loop, op))))
     return out
 
 

@@ -132,6 +132,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     temp_parts: dict[str, tuple[int, ...]] = {}  # the buffers temps[op] is made of
     held: dict[str, int] = {}
     partials: dict[str, int] = {}  # the reductions' part of temps (phases.split_reductions)
+    relayouts: dict[str, int] = {}  # their relayout copies, a buffer of their own (memory.relayout_bytes)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
     renamed: dict[str, int] = {}  # renames: their collectives (bitcasts.is_bitcast)
@@ -150,6 +151,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             held[op.name] = oc.held_bytes
         if oc.partial_bytes:
             partials[op.name] = oc.partial_bytes
+        if oc.relayout_bytes:
+            relayouts[op.name] = oc.relayout_bytes
         if oc.operand_copy_bytes:
             copies[op.name] = oc.operand_copy_bytes
         if any(oc.span_bytes):
@@ -200,7 +203,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
                                      combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
-                                     recomputed=recomputed, temp_parts=temp_parts, param_copies=param_copies)
+                                     recomputed=recomputed, temp_parts=temp_parts, param_copies=param_copies,
+                                     relayouts=relayouts)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -32,7 +32,7 @@ from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCAT
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import (contraction_bytes, held_bytes, operand_copy_bytes, partial_bytes,
-                                         transient_bytes)
+                                         relayout_bytes, transient_bytes)
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
@@ -105,6 +105,9 @@ class OpCost:
     # the part of transient_bytes and contraction_bytes that are inputs the plan converts for the
     # op (``OpPlan.temp_bytes``: gathered weights, resharded operands)
     converted_bytes: int = 0
+    # the part of partial_bytes that is XLA:CPU's relayout copy before a reduce-scatter, a buffer of
+    # its own (:func:`~autolayout.costmodel.memory.relayout_bytes`)
+    relayout_bytes: int = 0
 
     def running_bytes(self, phased: bool) -> int:
         """The bytes the op holds where it runs: :attr:`transient_bytes`, or for an op the memory
@@ -197,7 +200,8 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
                   transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,
                   tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else (),
-                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw), int(p.temp_bytes))
+                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw), int(p.temp_bytes),
+                  relayout_bytes(p, graph_op, mesh, hw))
 
 
 def _sizes(op: Op) -> dict[str, int]:

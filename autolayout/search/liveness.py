@@ -50,14 +50,10 @@ on the collective's point alone: the results are written there); which do depend
 like the output allocations, they count in :func:`peak_of` but not in the rows' live sums
 (:func:`live_peak_of`): the solver cuts off a layout they put over the limit (a no-good cut).
 
-Where the hardware copies donated parameters read out of order (``costmodel.donations``), a point
-from the step's start to the last reader of such a parameter lists its :func:`param_copy`, and one
-before its update is written lists its :func:`donor` buffer, which holds temporaries as an output
-allocation not yet written does (:func:`total_at`). Which parameters are copied depends on the
-whole layout (a ZeRO stage-3 parameter's readers read its all-gathered copy; the combined gradient
-all-reduce orders every reader of a gradient before the updates): ``search.warm.sizes_of`` sizes
-them from ``donations.copied_parameters``, and like the :func:`combined` names they count in
-:func:`peak_of` but not in the rows' live sums (a no-good cut where they put a layout over).
+A donated parameter XLA may copy (``costmodel.donations``) lists its :func:`param_copy` and its own
+:func:`donor` buffer over their spans; which are copied depends on the whole layout, so
+``search.warm.sizes_of`` sizes them and, like the :func:`combined` names, they count in
+:func:`peak_of` but not in the rows' live sums.
 
 Where a layout's order depends on whether it reduces a gradient (``costmodel.order.memory_order``:
 XLA:CPU's combined gradient reduction), :func:`live_points` lists the points of both orders, each
@@ -85,7 +81,7 @@ from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.donations import param_copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
-from autolayout.costmodel.outputs import step_arguments, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.outputs import partial_buffers, step_arguments, unplaced_output_bytes, whole_call_outputs
 from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
@@ -96,7 +92,7 @@ __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "
            "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
            "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
            "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind", "param_copy", "is_param_copy",
-           "param_of", "donor", "is_donor", "is_layout_sized"]
+           "donor", "is_donor", "is_layout_sized", "relayout"]
 
 _TRANSIENT = "\x00transient:"
 _TRANSIENT_PART = "\x00transient-part:"
@@ -111,6 +107,7 @@ _BROADCAST = "\x00broadcast:"
 _RECOMPUTED = "\x00recomputed:"
 _PARAM_COPY = "\x00param-copy:"
 _DONOR = "\x00donor:"
+_RELAYOUT = "\x00relayout:"
 
 
 def transient(op: str) -> str:
@@ -147,6 +144,12 @@ def partial(op: str) -> str:
 
 def is_partial(name: str) -> bool:
     return name.startswith(_PARTIAL)
+
+
+def relayout(op: str) -> str:
+    """The size key (not a live-set name) of the part of :func:`partial` ``op`` that is its
+    relayout copy (``memory.relayout_bytes``), which :func:`total_at` places apart."""
+    return _RELAYOUT + op
 
 
 def result(op: str) -> str:
@@ -306,10 +309,8 @@ def span_kind(name: str) -> SpanKind | None:
 
 
 def param_copy(param: str) -> str:
-    """The name under which the live sets from the step's start to the last reader of a donated
-    ``param`` list the copy XLA makes of it where the layout does not let it write the update over
-    the parameter in place (``costmodel.donations``: sized by the layout,
-    ``search.warm.sizes_of``)."""
+    """The name of XLA's copy of a donated ``param`` in the live sets from the step's start to its
+    last reader (``costmodel.donations``; 0 bytes where the layout updates it in place)."""
     return _PARAM_COPY + param
 
 
@@ -317,16 +318,10 @@ def is_param_copy(name: str) -> bool:
     return name.startswith(_PARAM_COPY)
 
 
-def param_of(name: str) -> str:
-    """The parameter of a :func:`param_copy` name."""
-    return name[len(_PARAM_COPY):]
-
-
 def donor(param: str) -> str:
-    """The name under which the live sets from the step's start to the unit that writes a donated
-    ``param``'s update list its own buffer, which holds temporaries there where XLA copies the
-    parameter (:func:`param_copy` sized), as an output allocation not yet written does
-    (:func:`total_at`); it takes no bytes of its own (the parameter's are counted)."""
+    """The name of a donated ``param``'s own buffer in the live sets before its update is written:
+    where XLA copies it (:func:`param_copy` sized), it holds temporaries as an output allocation
+    not yet written does (:func:`total_at`) and adds no bytes."""
     return _DONOR + param
 
 
@@ -335,10 +330,9 @@ def is_donor(name: str) -> bool:
 
 
 def is_layout_sized(name: str) -> bool:
-    """Whether a live-set name's bytes depend on the whole layout, not on the dims of one group:
-    a :func:`combined` name (which all-reduces the combiner groups), a :func:`param_copy` (which
-    parameters XLA copies) and its :func:`donor` buffer. The memory rows leave them out
-    (:func:`live_peak_of`); the solver cuts off a layout they put over the limit (a no-good cut)."""
+    """Whether a live-set name's bytes depend on the whole layout (:func:`combined`,
+    :func:`param_copy`, :func:`donor`): the memory rows leave them out (:func:`live_peak_of`); the
+    solver cuts off a layout they put over the limit (a no-good cut)."""
     return is_combined(name) or is_param_copy(name) or is_donor(name)
 
 
@@ -557,6 +551,8 @@ def _buffers(name: str, size: Mapping[str, int]) -> list[int]:
 
     Raises:
         ValueError: the parts do not add up to the transient's bytes."""
+    if is_partial(name):  # the partial sums and their relayout copy
+        return [b for b in partial_buffers(size.get(name, 0), size.get(relayout(op_of(name)), 0)) if b]
     if not is_transient(name):
         return [size.get(name, 0)]
     op = op_of(name)

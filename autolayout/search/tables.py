@@ -285,6 +285,19 @@ class Tables:
             hit = self._phases[op.name] = (partial, result)
         return (dims, *hit)
 
+    def relayout_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the part of a split reduction's partial bytes (:meth:`phase_bytes`)
+        that is its relayout copy, a buffer of its own (``OpCost.relayout_bytes``, 0 where there is
+        none), for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        key = ("relayout", op.name)
+        hit = self._phases.get(key)
+        if hit is None:
+            g = self.group(dims)
+            hit = self._phases[key] = np.array([self.op_cost(op, dims, a).relayout_bytes for a in g.assignments],
+                                               dtype=np.int64)
+        return dims, hit
+
     def copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``
         (``OpCost.operand_copy_bytes[k]``: :func:`~autolayout.costmodel.memory.operand_copy_bytes`,

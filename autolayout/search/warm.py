@@ -11,7 +11,7 @@ from autolayout.costmodel.donations import copied_parameters, donated_readers
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, param_copy, partial, peak_of,
-                                        reduces_gradient, result, total_at, transient, transient_part)
+                                        reduces_gradient, relayout, result, total_at, transient, transient_part)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -38,6 +38,7 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         dims, part, res = tables.phase_bytes(tables.graph.op(name))
         k = tables.restrict(point.axes_of, dims)
         sizes[partial(name)], sizes[result(name)] = int(part[k]), int(res[k])
+        sizes[relayout(name)] = int(tables.relayout_bytes(tables.graph.op(name))[1][k])  # a buffer of its own
     early = tables.hw.breadth_first_schedule
     for kind in SPAN_KINDS:  # buffers live over a span, in both orders' graphs
         for graph in (tables.graph, tables.unreduced):

@@ -45,8 +45,8 @@ from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import (gathered, held as held_name, partial as partial_name, result as result_name,
-                                       transient, transient_part)
+from autolayout.search.liveness import (gathered, held as held_name, partial as partial_name, relayout as relayout_name,
+                                       result as result_name, transient, transient_part)
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -62,7 +62,8 @@ class WusOption:
     stage: int = 1
     dover: dict = field(default_factory=dict)  # overlap domain -> change of (overlappable - compute)
     # liveness.transient_part(op, k) -> change of that buffer of the op's transient bytes (their sum
-    # is dbytes[transient(op)]); sizes, not live-set names: search.warm.sizes_of applies them
+    # is dbytes[transient(op)]), liveness.relayout(op) -> change of the relayout copy in its partial
+    # bytes; sizes, not live-set names: search.warm.sizes_of applies them
     dparts: dict = field(default_factory=dict)
 
 
@@ -264,7 +265,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                          for p in (False, True)},
                         priced.held_bytes - rules_alone.held_bytes,
                         _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
-                        (priced.partial_bytes, rules_alone.partial_bytes))
+                        (priced.partial_bytes, rules_alone.partial_bytes),
+                        priced.relayout_bytes - rules_alone.relayout_bytes)
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
@@ -278,6 +280,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
                     dbytes[gathered(name, graph.op(name).inputs[k])] = b
+                if name in phased and hit[6]:  # its relayout copy, placed apart (a size, like dparts)
+                    dparts[relayout_name(name)] = hit[6]
                 if name in phased and hit[5][0] != hit[5][1]:  # a split (or deferred) reduction's phases
                     dbytes[partial_name(name)] = hit[5][0] - hit[5][1]
                     if bool(hit[5][0]) != bool(hit[5][1]):  # the output: none while partial sums are written
