@@ -547,7 +547,8 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
 
 def _buffers(name: str, size: Mapping[str, int]) -> list[int]:
     """The buffers a live name's bytes are: a :func:`transient`'s parts where ``size`` lists them
-    (:func:`transient_part`), else its bytes as one.
+    (:func:`transient_part`), a :func:`partial`'s partial sums and, apart, their :func:`relayout`
+    copy (``outputs.partial_buffers``), else its bytes as one.
 
     Raises:
         ValueError: the parts do not add up to the transient's bytes."""
