@@ -80,12 +80,12 @@ def test_copy_spans_run_from_the_start_to_the_last_reader_and_the_update():
     """Hand check on the regression-loss MLP: ``w`` is read by the forward dot, the input
     gradient's dot (``out/1``) and its update; its copy lives from unit 0 to the last of them."""
     g = models.mlp(batch=64, d_io=128, d_hidden=256, loss="mse")
-    output, writer, readers = donated_readers(g)["w"]
-    assert output == writer == "out/0/w"
+    output, readers = donated_readers(g)["w"]
+    assert output == "out/0/w"
     assert "out/1" in readers
     position = {u: i for i, u in enumerate(g.schedule)}
     spans = {p: (start, stop, written) for p, start, stop, written in param_copy_spans(g)}
-    assert spans["w"] == (0, max(position[n] for n in (writer, *readers)), position[writer])
+    assert spans["w"] == (0, max(position[n] for n in (output, *readers)), position[output])
 
 
 def test_a_copy_adds_the_parameter_where_no_temporary_can_take_its_buffer():

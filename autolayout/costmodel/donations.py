@@ -52,10 +52,10 @@ __all__ = ["donated_readers", "param_copy_spans", "copied_parameters"]
 
 
 @lru_cache(maxsize=256)
-def donated_readers(graph: Graph) -> Mapping[str, tuple[str, str, tuple[str, ...]]]:
+def donated_readers(graph: Graph) -> Mapping[str, tuple[str, tuple[str, ...]]]:
     """Per donated parameter (``graph.donated``'s arguments that are parameters), ``(output,
-    writer, readers)``: the output written over it, the op producing that output and the
-    materialised ops that read the parameter besides it (``lifetimes.readers_of``: a fused
+    readers)``: the output written over it (an op's name is its output's: the op writing it) and
+    the materialised ops that read the parameter besides it (``lifetimes.readers_of``: a fused
     reader taken as the op it is fused into)."""
     readers = readers_of(graph)
     out = {}
@@ -64,7 +64,7 @@ def donated_readers(graph: Graph) -> Mapping[str, tuple[str, str, tuple[str, ...
             continue
         rs = tuple(r for r in readers.get(arg, ()) if r != output)
         if rs:
-            out[arg] = (output, output, rs)
+            out[arg] = (output, rs)
     return out
 
 
@@ -90,7 +90,7 @@ def param_copy_spans(graph: Graph) -> tuple[tuple[str, int, int, int], ...]:
         for n in (u.body if isinstance(u, Loop) else (u,)):
             unit_of[n] = i
     return tuple((p, 0, max(unit_of[n] for n in (writer, *rs)), unit_of[writer])
-                 for p, (_, writer, rs) in donated_readers(graph).items())
+                 for p, (writer, rs) in donated_readers(graph).items())
 
 
 def copied_parameters(graph: Graph, axes_of: Mapping[str, tuple[str, ...]], stages: Mapping[str, int],
@@ -117,7 +117,7 @@ def copied_parameters(graph: Graph, axes_of: Mapping[str, tuple[str, ...]], stag
             reduced[q] = bool(ops)
             combined.update(ops)
     out = set()
-    for p, (_, writer, rs) in found.items():
+    for p, (writer, rs) in found.items():
         before = set(_ancestors(graph, writer))
         if reduced.get(p):  # its update waits for the combined all-reduce of every whole gradient
             for o in combined:

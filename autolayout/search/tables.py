@@ -117,7 +117,7 @@ class Tables:
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
         self._transient_sum: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
-        self._phases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # partial, result, relayout
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
         self._bitcasts: dict[str, np.ndarray] = {}
         self._stored: dict = {}  # stored_bytes, kept_bytes and recomputed_bytes: by tensor or (tensor, reader)
@@ -279,24 +279,21 @@ class Tables:
             g = self.group(dims)
             t = self.graph.tensor(op.name)
             out_dims, out_bytes = self.tensor_dims(t), self.tensor_bytes(t)
-            partial = np.array([self.op_cost(op, dims, a).partial_bytes for a in g.assignments], dtype=np.int64)
+            costs = [self.op_cost(op, dims, a) for a in g.assignments]
+            partial = np.array([oc.partial_bytes for oc in costs], dtype=np.int64)
             result = np.array([0 if partial[i] else out_bytes[self.restrict(g.axes_of(i), out_dims)]
                                for i in range(len(g.assignments))], dtype=np.int64)
-            hit = self._phases[op.name] = (partial, result)
-        return (dims, *hit)
+            relayout = np.array([oc.relayout_bytes for oc in costs], dtype=np.int64)
+            hit = self._phases[op.name] = (partial, result, relayout)
+        return (dims, *hit[:2])
 
     def relayout_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the part of a split reduction's partial bytes (:meth:`phase_bytes`)
         that is its relayout copy, a buffer of its own (``OpCost.relayout_bytes``, 0 where there is
         none), for each assignment of the group of its dims."""
         dims = self.space.order(self.views.op(op))
-        key = ("relayout", op.name)
-        hit = self._phases.get(key)
-        if hit is None:
-            g = self.group(dims)
-            hit = self._phases[key] = np.array([self.op_cost(op, dims, a).relayout_bytes for a in g.assignments],
-                                               dtype=np.int64)
-        return dims, hit
+        self.phase_bytes(op)  # computed with the partial bytes, from the same costs
+        return dims, self._phases[op.name][2]
 
     def copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``
