@@ -1,6 +1,6 @@
 """XLA:CPU's dot operand copies in peak memory: where a contraction's copy of an operand it
 cannot read in place (:mod:`autolayout.costmodel.dotcopy`; its bytes are
-``memory.operand_copy_bytes``) is live. :func:`copy_spans` places the copies of values computed
+``reductions.operand_copy_bytes``) is live. :func:`copy_spans` places the copies of values computed
 in the step, from the value's producer to their dots, for ``memory.peak_memory`` and the
 search's live sets (``search/liveness.py``); :func:`copy_transient_bytes` charges the others
 while their dot runs.

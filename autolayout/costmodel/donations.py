@@ -105,12 +105,21 @@ def copied_parameters(graph: Graph, axes_of: Mapping[str, tuple[str, ...]], stag
 
         copied_parameters(models.mlp(64, 32, 128, loss="mse"), {}, {}, get_hardware("cpu"))  # v, w
     """
-    found = donated_readers(graph) if hardware.copies_donated_parameters else {}
-    if not found:
+    if not (hardware.copies_donated_parameters and donated_readers(graph)):
         return frozenset()
+    return _copied(graph, tuple(sorted((d, tuple(a)) for d, a in axes_of.items())), tuple(sorted(stages.items())),
+                   hardware.combines_gradient_reductions)
+
+
+@lru_cache(maxsize=1024)
+def _copied(graph: Graph, axes: tuple, stage_items: tuple, combines: bool) -> frozenset[str]:
+    """:func:`copied_parameters` of a layout's ``axes`` and ``stage_items`` (sorted items, so that
+    the search's points of one layout share the walk of its gradients)."""
+    axes_of, stages = dict(axes), dict(stage_items)
+    found = donated_readers(graph)
     combined: set[str] = set()  # ops whose gradient all-reduce is the combined one
     reduced: dict[str, bool] = {}
-    if hardware.combines_gradient_reductions:
+    if combines:
         regs = regions(graph)
         for q in graph.param_roles:
             ops = gradient_walk(graph, q, axes_of, regs)[0] if not stages.get(q) else []

@@ -59,10 +59,11 @@ the final carry (the scan's result) takes memory only from its own unit after th
 and an initial value that the scan reads last becomes the loop state (it is freed before
 the scan, as an element-wise op's operand is). Inside the body, element-wise ops chained in
 place over the carried value (a residual stream) write into the loop state's buffer too and
-take none of their own (:func:`~autolayout.costmodel.lifetimes.loop_state_chain`). While an op runs it also holds :func:`transient_bytes`,
-and a contraction on a backend that copies dot operands (``Hardware.dot_operand_copies``: XLA:CPU)
-the copies of its operands whose originals outlive it: from the operand's producer to the dot for
-a value computed in the step (:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
+take none of their own (:func:`~autolayout.costmodel.lifetimes.loop_state_chain`). While an op runs
+it also holds ``reductions.transient_bytes``, and a contraction on a backend that copies dot
+operands (``Hardware.dot_operand_copies``: XLA:CPU) the copies of its operands whose originals
+outlive it: from the operand's producer to the dot for a value computed in the step
+(:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
 (:func:`~autolayout.costmodel.copies.copy_transient_bytes`).
 
 A contraction (or reduction) whose output is partial runs as two instructions, the dot writing
@@ -74,7 +75,7 @@ an op of :func:`~autolayout.costmodel.phases.split_reductions` counts the larger
 the collective's phase where the order runs it: at the op, or right after a later unit
 (:mod:`~autolayout.costmodel.phases`, ``phases.collective_points``). A
 reduce-scatter's relayout copy is an instruction of its own between the two, so the contraction's
-phase holds :func:`contraction_bytes` and the collective's the copy too (:func:`partial_bytes`).
+phase holds ``reductions.contraction_bytes`` and the collective's the copy too (``reductions.partial_bytes``).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that may reduce a parameter's
@@ -99,26 +100,23 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from autolayout.core import Mesh
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.donations import param_copy_spans
 from autolayout.costmodel.copies import copy_span_bytes
-from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import (output_placement, partial_buffers, step_arguments, unplaced_output_bytes,
                                          whole_call_outputs)
-from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.phases import Phases, after_bytes, after_points
-from autolayout.costmodel.plan import OpPlan, grad_of
+from autolayout.costmodel.plan import grad_of
 from autolayout.costmodel.recomputed import recomputed_spans
+from autolayout.costmodel.reductions import FLOAT32_BYTES, HALF, upcasts
 from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "transient_bytes", "contraction_bytes", "partial_bytes", "relayout_bytes", "held_bytes",
-           "stored_itemsize", "stored_bytes", "operand_copy_bytes"]
+__all__ = ["peak_memory", "stored_itemsize", "stored_bytes"]
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -128,103 +126,6 @@ def _categories(graph: Graph) -> dict[str, str]:
         out[t.name] = ("params" if t.role == "param" else "opt_state" if t.role == "opt_state"
                        else "grads" if t.name in grads else "activations")
     return out
-
-
-def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """Bytes the op planned as ``p`` holds only while it runs, on ``hardware``:
-
-    * inputs the plan converts for it (``p.temp_bytes``: an FSDP layer's gathered
-      weights, a resharded operand), freed after;
-    * the unreduced partial sums of its output while their collective runs: a
-      reduce-scatter (or a reduction that ends sliced) writes a new, smaller buffer, so
-      the full-size partial one is live beside it; an all-reduce does too unless the
-      backend runs it in place (``hardware.all_reduce_in_place``);
-    * where ``hardware.reduce_scatter_copies`` (XLA:CPU), a copy of those partial sums
-      when a reduce-scatter splits a dim that is not the most major of the op's output
-      (its first dim of local size > 1, in the op's output order: a contraction's as
-      ``dot_general`` gives it, ``costmodel/dotcopy.py``). A reduce-scatter hands each
-      device one contiguous block of its operand, so XLA lays the operand out with the
-      scattered dim most major and copies it into that layout first (measured in XLA:CPU's
-      optimized HLO: a ``copy`` to layout ``{0,1}`` of the ``[io, hidden]`` gradient before
-      the reduce-scatter of its ``hidden`` dim; ``tests/test_memory_rules.py``).
-
-    ``predict`` and the search's memory rows both count this (one rule)."""
-    return int(p.temp_bytes + partial_bytes(p, op, mesh, hardware))
-
-
-def contraction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`transient_bytes` the op planned as ``p`` holds while its contraction
-    runs: the inputs the plan converts for it and the partial sums it writes, not the relayout
-    copy a reduce-scatter reads (an instruction of its own after the dot, run with the collective:
-    XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
-    An op of :func:`~autolayout.costmodel.phases.split_reductions` or
-    ``gradients.deferred_reductions`` counts this in its
-    contraction's phase and the copy with its collective (:func:`partial_bytes`)."""
-    return int(p.temp_bytes + _partial_bytes(p, op, mesh, hardware))
-
-
-def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`transient_bytes` that the reduction of ``p``'s partial output holds:
-    the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
-    before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
-    Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
-    :func:`peak_memory` counts these in the reduction's own phase, after the contraction has
-    freed its inputs."""
-    return int(_partial_bytes(p, op, mesh, hardware) + relayout_bytes(p, op, mesh, hardware))
-
-
-def relayout_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`partial_bytes` that is XLA:CPU's relayout copy of the partial sums before a
-    reduce-scatter (``hardware.reduce_scatter_copies``; else 0): a buffer of its own, placed apart
-    (``outputs.partial_buffers``; the zoo mlp's ZeRO-1 step: ``dot_general.22`` in a copied weight's
-    buffer, ``wrapped_copy.1`` beside it)."""
-    extra = _partial_bytes(p, op, mesh, hardware)
-    if extra and hardware.reduce_scatter_copies:
-        sizes = {d.name: d.size for d in op.dims}
-        lead = [d for d in p.computed.dims if p.computed.local_size(d, sizes[d], mesh) > 1][:1]
-        if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
-            return int(extra)
-    return 0
-
-
-def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """Bytes of the op planned as ``p`` that stay live until the step reduces its gradients
-    together, when ``op`` is one of :func:`~autolayout.costmodel.gradients.combined_reductions` and
-    ``hardware.combines_gradient_reductions`` (module docstring): the unreduced partial sums
-    of its output, as :func:`transient_bytes` counts them while their collective runs
-    (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
-    other hardware."""
-    return _partial_bytes(p, op, mesh, hardware) if hardware.combines_gradient_reductions else 0
-
-
-def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> tuple[int, ...]:
-    """Per operand of contraction ``op``, the bytes of the copy XLA:CPU makes of it for its dot
-    (:func:`~autolayout.costmodel.dotcopy.copied_operands`; 0 where read in place), ``local``
-    giving each dim's size on one device: the operand's local elements at its dtype, in float32
-    where ``hardware.upcasts_half_dots`` runs the op in float32 (the convert is fused into the
-    copy, :func:`stored_itemsize`)."""
-    dtypes = op.input_dtypes or (op.output.dtype,) * len(op.inputs)
-    wide = hardware.upcasts_half_dots and _upcast(op)
-    import numpy as np
-    return tuple(n * (_FLOAT32_BYTES if wide else np.dtype(dt).itemsize)
-                 for n, dt in zip(operand_copy_elements(op, local), dtypes))
-
-
-def _partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The second buffer the reduction of ``p``'s partial output needs: the full-size partial
-    sums beside the reduced result (0: nothing to reduce, or an all-reduce run in place)."""
-    if not (p.computed.partial and p.out_steps):
-        return 0
-    if (hardware.all_reduce_in_place and p.out_conversion is None
-            and all(s.kind == ALL_REDUCE for s in p.out_steps)):
-        return 0
-    sizes = {d.name: d.size for d in op.dims}
-    itemsize = _FLOAT32_BYTES if hardware.upcasts_half_dots and _upcast(op) else op.output.itemsize
-    return int(p.computed.local_elements(sizes, mesh) * itemsize)
-
-
-_HALF = ("bfloat16", "float16")
-_FLOAT32_BYTES = 4  # np.dtype("float32").itemsize
 
 
 def stored_itemsize(graph: Graph, name: str, hardware: Hardware) -> int:
@@ -240,13 +141,7 @@ def stored_itemsize(graph: Graph, name: str, hardware: Hardware) -> int:
     ``predict`` (:func:`stored_bytes`) and the search's memory rows
     (``search.tables.Tables.tensor_bytes``) both size tensors with this (one rule)."""
     t = graph.tensor(name)
-    return _FLOAT32_BYTES if hardware.upcasts_half_dots and name in _half_dot_tensors(graph) else t.itemsize
-
-
-def _upcast(op: Op) -> bool:
-    """Whether ``op`` is an einsum that a backend with ``upcasts_half_dots`` runs in float32 on
-    half-precision operands (:func:`stored_itemsize`)."""
-    return op.kind == "einsum" and (op.output.dtype in _HALF or any(d in _HALF for d in op.input_dtypes))
+    return FLOAT32_BYTES if hardware.upcasts_half_dots and name in _half_dot_tensors(graph) else t.itemsize
 
 
 @lru_cache(maxsize=256)
@@ -256,10 +151,10 @@ def _half_dot_tensors(graph: Graph) -> frozenset[str]:
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     out = set()
     for t in graph.tensors():
-        if t.dtype not in _HALF or t.role in ("input", "param", "opt_state") or t.name in outputs:
+        if t.dtype not in HALF or t.role in ("input", "param", "opt_state") or t.name in outputs:
             continue
-        read = any(_upcast(graph.op(c)) for c in graph.consumers(t.name) if len(graph.op(c).inputs) >= 2)
-        if read or _upcast(graph.op(t.name)):
+        read = any(upcasts(graph.op(c)) for c in graph.consumers(t.name) if len(graph.op(c).inputs) >= 2)
+        if read or upcasts(graph.op(t.name)):
             out.add(t.name)
     return frozenset(out)
 
@@ -289,8 +184,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
-    reduction (:func:`held_bytes`; :mod:`~autolayout.costmodel.gradients`) and the operand copies
-    ``copies[op]`` of a contraction (:func:`operand_copy_bytes`), live from the operand's
+    reduction (``reductions.held_bytes``; :mod:`~autolayout.costmodel.gradients`) and the operand copies
+    ``copies[op]`` of a contraction (``reductions.operand_copy_bytes``), live from the operand's
     producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
     (``OpCost.span_bytes``), live from where the schedule runs the conversion to the last of them
@@ -299,9 +194,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
     ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the bytes its reduction
-    holds (:func:`partial_bytes`); an op of
+    holds (``reductions.partial_bytes``); an op of
     :func:`~autolayout.costmodel.phases.split_reductions` with some (whose ``temps`` are
-    its contraction's, :func:`contraction_bytes`, as for ``gradients.deferred_reductions``'s)
+    its contraction's, ``reductions.contraction_bytes``, as for ``gradients.deferred_reductions``'s)
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
     copies freed there + partials`` (the collective); ``combines``
@@ -319,7 +214,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     placed on its own in an output allocation not yet written (:func:`_output_peak`).
     ``param_copies[param]``: the bytes of XLA's copy of a donated parameter
     (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place).
-    ``relayouts[op]``: the relayout copy in ``partials[op]`` (:func:`relayout_bytes`), placed apart."""
+    ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.relayout_bytes``), placed apart."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))

@@ -438,7 +438,8 @@ class Plan:
     to its :class:`OpPlan`; ``shards`` each weight-update-sharded parameter to its
     :class:`StorageShard`; ``local_bytes`` every tensor to its bytes on one device
     (0 for elementwise intermediates fused into their consumers); ``notes`` say where a
-    ``*`` storage entry did not apply.
+    ``*`` storage entry did not apply; ``axes_of`` the mesh axes each dim is split over
+    (:func:`resolve_layout`'s, which the plan was made from).
 
     Example::
 
@@ -454,6 +455,7 @@ class Plan:
     shards: Mapping[str, StorageShard] = field(repr=False)
     local_bytes: Mapping[str, int] = field(repr=False)
     notes: tuple[str, ...] = ()
+    axes_of: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def steps(self) -> list[tuple[str, Step]]:
         """``(op, step)`` for every collective, ops in graph order (each op's steps once; a
@@ -508,4 +510,4 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
     ops = {op.name: planner.op_plan(op) for op in graph.ops()}
     placements = {name: planner.stored(name) for name in graph.order}
     local = {op.name: (planner.local_bytes(op.name) if op.materialised else 0) for op in graph.ops()}
-    return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes))
+    return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes), axes_of)

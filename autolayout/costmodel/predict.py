@@ -132,7 +132,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     temp_parts: dict[str, tuple[int, ...]] = {}  # the buffers temps[op] is made of
     held: dict[str, int] = {}
     partials: dict[str, int] = {}  # the reductions' part of temps (phases.split_reductions)
-    relayouts: dict[str, int] = {}  # their relayout copies, a buffer of their own (memory.relayout_bytes)
+    relayouts: dict[str, int] = {}  # their relayout copies, a buffer of their own (reductions.relayout_bytes)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
     renamed: dict[str, int] = {}  # renames: their collectives (bitcasts.is_bitcast)
@@ -197,8 +197,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                   for group in broadcast_spans(walk).values() for v, r, _, _ in group}
     # a donated parameter XLA copies before writing its update over it (costmodel/donations.py)
     stages = {q: sh.stage for q, sh in p.shards.items()}
-    param_copies = {q: size[q] for q in copied_parameters(walk, resolve_layout(graph, mesh, p.layout)[2], stages,
-                                                          hw)}
+    param_copies = {q: size[q] for q in copied_parameters(walk, p.axes_of, stages, hw)}
     mem_total, breakdown = peak_memory(walk, size, temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,

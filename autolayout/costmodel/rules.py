@@ -31,8 +31,7 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.memory import (contraction_bytes, held_bytes, operand_copy_bytes, partial_bytes,
-                                         relayout_bytes, transient_bytes)
+from autolayout.costmodel.reductions import operand_copy_bytes, reduction_bytes
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
@@ -88,25 +87,25 @@ class OpCost:
     comm_s: float
     overlapped_s: float = 0.0
     beside_s: float = 0.0  # the part of overlapped_s that hides only beside independent work
-    transient_bytes: int = 0  # held only while the op runs (:func:`~autolayout.costmodel.memory.transient_bytes`)
-    held_bytes: int = 0  # held until the combined gradient reduction (:func:`~autolayout.costmodel.memory.held_bytes`)
+    transient_bytes: int = 0  # held only while the op runs (``reductions.transient_bytes``)
+    held_bytes: int = 0  # held until the combined gradient reduction (``reductions.held_bytes``)
     # per operand, the bytes of the copy XLA:CPU makes of it for the dot (0: read in place;
-    # :func:`~autolayout.costmodel.memory.operand_copy_bytes`); () where hw.dot_operand_copies is off
+    # :func:`~autolayout.costmodel.reductions.operand_copy_bytes`); () where hw.dot_operand_copies is off
     operand_copy_bytes: tuple[int, ...] = ()
     # per operand (``op.inputs``' order), the bytes of the copy the op converts for later readers
     # too, held from this op to the last of them (``OpPlan.span_bytes``, ``sharing.shared_reads``)
     span_bytes: tuple[int, ...] = ()
     # the part of transient_bytes the reduction of a partial output holds
-    # (:func:`~autolayout.costmodel.memory.partial_bytes`)
+    # (:func:`~autolayout.costmodel.reductions.partial_bytes`)
     partial_bytes: int = 0
     # the part of transient_bytes the op holds while its contraction runs, without a reduce-scatter's
-    # relayout copy (:func:`~autolayout.costmodel.memory.contraction_bytes`)
+    # relayout copy (:func:`~autolayout.costmodel.reductions.contraction_bytes`)
     contraction_bytes: int = 0
     # the part of transient_bytes and contraction_bytes that are inputs the plan converts for the
     # op (``OpPlan.temp_bytes``: gathered weights, resharded operands)
     converted_bytes: int = 0
     # the part of partial_bytes that is XLA:CPU's relayout copy before a reduce-scatter, a buffer of
-    # its own (:func:`~autolayout.costmodel.memory.relayout_bytes`)
+    # its own (:func:`~autolayout.costmodel.reductions.relayout_bytes`)
     relayout_bytes: int = 0
 
     def running_bytes(self, phased: bool) -> int:
@@ -119,7 +118,7 @@ class OpCost:
     def running_parts(self, phased: bool) -> tuple[int, int, int]:
         """:meth:`running_bytes` as the buffers it is made of: the inputs converted for the op,
         its partial sums, and (where not ``phased``) XLA:CPU's relayout copy of them before a
-        reduce-scatter (:func:`~autolayout.costmodel.memory.transient_bytes`). They sum to
+        reduce-scatter (``reductions.transient_bytes``). They sum to
         :meth:`running_bytes`. XLA allocates each on its own, so an output allocation not yet
         written can hold one but not their sum (``outputs.unplaced_output_bytes``); converted
         inputs count as one buffer (a bound: an op converting several has several)."""
@@ -195,13 +194,13 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
         copies = operand_copy_bytes(graph_op, local, hw)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
+    rb = reduction_bytes(p, graph_op, mesh, hw)  # the inputs it converts, its partial sums and their copy
     return OpCost(p.op, local, p.flops, hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped),
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
-                  transient_bytes(p, graph_op, mesh, hw), held_bytes(p, graph_op, mesh, hw), copies,
+                  rb.transient, rb.held, copies,
                   tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else (),
-                  partial_bytes(p, graph_op, mesh, hw), contraction_bytes(p, graph_op, mesh, hw), int(p.temp_bytes),
-                  relayout_bytes(p, graph_op, mesh, hw))
+                  rb.partial, rb.contraction, rb.converted, rb.relayout)
 
 
 def _sizes(op: Op) -> dict[str, int]:

@@ -242,7 +242,7 @@ class Tables:
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
-        (``OpCost.running_bytes``: :func:`~autolayout.costmodel.memory.transient_bytes`, or the
+        (``OpCost.running_bytes``: :func:`~autolayout.costmodel.reductions.transient_bytes`, or the
         contraction's bytes for an op counted in phases; and the operand copies of a
         contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`, as ``predict``
         counts them) for each assignment of the group of its dims."""
@@ -297,7 +297,7 @@ class Tables:
 
     def copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy contraction ``op`` makes of its operand ``k``
-        (``OpCost.operand_copy_bytes[k]``: :func:`~autolayout.costmodel.memory.operand_copy_bytes`,
+        (``OpCost.operand_copy_bytes[k]``: :func:`~autolayout.costmodel.reductions.operand_copy_bytes`,
         0 where read in place; live from the operand's producer on where
         :func:`~autolayout.costmodel.copies.copy_spans` says so, as ``predict`` counts it) for each
         assignment of the group of its dims."""
@@ -413,7 +413,7 @@ class Tables:
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds until its computation's combined gradient
-        reduction (``OpCost.held_bytes``: :func:`~autolayout.costmodel.memory.held_bytes`, as
+        reduction (``OpCost.held_bytes``: :func:`~autolayout.costmodel.reductions.held_bytes`, as
         ``predict`` counts them) for each assignment of the group of its dims."""
         return self._per_assignment(op, "held_bytes", self._held)
 
