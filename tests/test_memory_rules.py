@@ -29,6 +29,7 @@ from autolayout.costmodel.gradients import combined_reductions
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.copies import copy_spans, copy_transient_bytes
 from autolayout.costmodel.lifetimes import lifetimes
+from autolayout.costmodel.reductions import reduction_bytes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import is_copy, is_gathered, is_held, peak_of
@@ -289,6 +290,13 @@ def test_a_reduce_scatters_relayout_copy_is_held_with_its_collective_not_its_con
     assert oc.contraction_bytes == IO * HIDDEN * F32
     off = price(p.ops["grad/w"], g.op("grad/w"), mesh, CPU.replace(reduce_scatter_copies=False))
     assert off.partial_bytes == off.contraction_bytes == IO * HIDDEN * F32
+    # the parts of one evaluation (reductions.reduction_bytes): the partial sums held for the combined
+    # reduction without their copy, on a backend that combines the gradients' reductions only
+    rb = reduction_bytes(p.ops["grad/w"], g.op("grad/w"), mesh, CPU)
+    assert (rb.converted, rb.sums, rb.relayout, rb.held) == (0, IO * HIDDEN * F32, IO * HIDDEN * F32, IO * HIDDEN * F32)
+    assert oc.held_bytes == rb.held
+    assert reduction_bytes(p.ops["grad/w"], g.op("grad/w"), mesh,
+                           CPU.replace(combines_gradient_reductions=False)).held == 0
 
 
 def test_rules_are_off_on_accelerator_profiles_and_round_trip():
