@@ -110,8 +110,8 @@ def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
     before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
     Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
-    :func:`peak_memory` counts these in the reduction's own phase, after the contraction has
-    freed its inputs."""
+    :func:`~autolayout.costmodel.memory.peak_memory` counts these in the reduction's own phase,
+    after the contraction has freed its inputs."""
     return reduction_bytes(p, op, mesh, hardware).partial
 
 
@@ -136,7 +136,7 @@ def _relayout(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware, sums: int) -> i
 def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
     """Bytes of the op planned as ``p`` that stay live until the step reduces its gradients
     together, when ``op`` is one of :func:`~autolayout.costmodel.gradients.combined_reductions` and
-    ``hardware.combines_gradient_reductions`` (module docstring): the unreduced partial sums
+    ``hardware.combines_gradient_reductions`` (:mod:`~autolayout.costmodel.gradients`): the unreduced partial sums
     of its output, as :func:`transient_bytes` counts them while their collective runs
     (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
     other hardware."""
@@ -148,7 +148,7 @@ def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> 
     (:func:`~autolayout.costmodel.dotcopy.copied_operands`; 0 where read in place), ``local``
     giving each dim's size on one device: the operand's local elements at its dtype, in float32
     where ``hardware.upcasts_half_dots`` runs the op in float32 (the convert is fused into the
-    copy, :func:`stored_itemsize`)."""
+    copy, :func:`~autolayout.costmodel.memory.stored_itemsize`)."""
     dtypes = op.input_dtypes or (op.output.dtype,) * len(op.inputs)
     wide = hardware.upcasts_half_dots and upcasts(op)
     return tuple(n * (FLOAT32_BYTES if wide else np.dtype(dt).itemsize)
