@@ -52,7 +52,7 @@ def _cumsum_search():
 
 def test_a_relayout_copy_is_a_buffer_apart_from_the_partial_sums_it_copies():
     """By hand: a reduce-scatter's partial sums and XLA:CPU's relayout copy of them are two buffers
-    (``reductions.relayout_bytes``), each placed on its own: two 128-byte allocations hold both, where
+    (``reductions.ReductionBytes.relayout``), each placed on its own: two 128-byte allocations hold both, where
     their 256-byte sum fits neither."""
     assert partial_buffers(256, 128) == (128, 128)
     assert partial_buffers(128, 0) == (128,)

@@ -65,7 +65,7 @@ def test_xla_cpu_copies_a_reduce_scatter_operand_after_its_dot():
     """psum_scatter of tanh(x) @ w over its minor dim: XLA lays the partial sums out with the scattered
     dim most major by a copy, an instruction after the dot, so its temp heap holds tanh(x) and the
     partial sums (the dot), then the partial sums and their copy, then the copy and the result, never
-    the dot's input beside the copy (reductions.contraction_bytes)."""
+    the dot's input beside the copy (reductions.ReductionBytes.contraction)."""
     mesh = jax.make_mesh((8,), ("d",))
 
     def body(x, w):

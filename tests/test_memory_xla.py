@@ -20,8 +20,9 @@ from autolayout import execute  # noqa: E402
 
 WITHIN = [  # (model id in bench.CASES, layout)
     ("mlp-train", ""),
-    ("mlp-train", "batch:data,model"),  # the gradients' combined all-reduce (reductions.held_bytes)
-    # ... and the reduce-scatters' relayout copy, a buffer apart from the partial sums it copies (reductions.relayout_bytes),
+    ("mlp-train", "batch:data,model"),  # the gradients' combined all-reduce (reductions.ReductionBytes.held)
+    # ... and the reduce-scatters' relayout copy, a buffer apart from the partial sums it copies
+    # (reductions.ReductionBytes.relayout),
     # beside XLA's copies of the donated weights, whose own buffers hold temporaries (costmodel/donations.py)
     ("mlp-train", "batch:data,model|*:data,model@1"),
     ("moe-train", "batch:data,model"),
@@ -110,7 +111,7 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # gradient dot ended, not at that dot (costmodel/gradients.py; XLA's peak holds 3 x 128 KiB)
     ("mlp-train", "batch:data,model|*:data,model@3"),
     # 1.165 -> 1.128 with the gradients' reduction where XLA runs it, -> 1.066 once a reduce-scatter's
-    # relayout copy was held with its collective, not its contraction (reductions.contraction_bytes): the
+    # relayout copy was held with its collective, not its contraction (reductions.ReductionBytes.contraction): the
     # model's peak had been at the last gradient dot, its partial sums and their copy beside its inputs
     ("linen_bf16_mlp-donated", "batch:data;mlp:model|*:data@3"),
     # before -> after a rename that moves nothing (both names on the same mesh axes) took no buffer and kept its

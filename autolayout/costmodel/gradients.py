@@ -10,7 +10,7 @@ XLA:CPU) the reduction comes later:
   ``xla/service/cpu/cpu_compiler.cc``; ``AllReduceCombiner`` merges only all-reduces that do not
   depend on one another, which a step's gradients never do), which reads every gradient;
 * their reduce-scatters are not combined, but each, with its relayout copy
-  (``reductions.partial_bytes``), is an instruction queued after its dot, and XLA:CPU's first-in
+  (``reductions.ReductionBytes.partial``), is an instruction queued after its dot, and XLA:CPU's first-in
   first-out scheduler (``costmodel/order.py``) runs it after the instructions queued before it:
   measured in the optimized HLO of ``benchmarks/memory_vs_xla.py``'s ZeRO-3 ``mlp`` step, whose
   two relayout copies and three reduce-scatters run after the last gradient dot *and* after the
@@ -21,8 +21,8 @@ breadth-first order that waits for every gradient-reducing op (``costmodel.order
 right after the unit the order runs before it (``Graph.combined_after``, set by
 ``order.breadth_first``; after the last gradient op in an order that has none): the point of
 :func:`combined_point`, where that unit's last reads are freed and every op's partial sums are
-live (:func:`gradient_bytes`: its held bytes, ``reductions.held_bytes``, the last op's with its
-relayout copy, ``reductions.partial_bytes``: XLA copies one gradient at a time). Where it runs, each op
+live (:func:`gradient_bytes`: its held bytes, ``reductions.ReductionBytes.held``, the last op's with its
+relayout copy, ``reductions.ReductionBytes.partial``: XLA copies one gradient at a time). Where it runs, each op
 counts its contraction's phase alone (:func:`deferred_reductions`). ``memory.peak_memory`` and the
 search's live sets (``search/liveness.py``) both take these points (one rule). Before the
 reduction was placed where the order runs it (it was counted at the last gradient op, with the
@@ -70,9 +70,10 @@ def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
 
 def gradients_reduced(graph: Graph, held: Mapping[str, int], partials: Mapping[str, int]) -> bool:
     """Whether a layout reduces some parameter gradient: an op of :func:`gradient_reducers` holds
-    partial sums (``held``: ``reductions.held_bytes``, ``partials``: ``reductions.partial_bytes``, per op;
-    both 0 where the op reduces nothing). Only then does XLA:CPU's step have the combined
-    gradient reduction the optimizer updates wait for (``costmodel.order.memory_order``)."""
+    partial sums (``held``: ``reductions.ReductionBytes.held``, ``partials``:
+    ``reductions.ReductionBytes.partial``, per op; both 0 where the op reduces nothing). Only then
+    does XLA:CPU's step have the combined gradient reduction the optimizer updates wait for
+    (``costmodel.order.memory_order``)."""
     return any(held.get(o, 0) or partials.get(o, 0) for ops in gradient_reducers(graph).values() for o in ops)
 
 
@@ -81,7 +82,7 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
     """Where the step reduces its parameter gradients together (module docstring), per
     computation (``None``: the top level; a loop's name: its body, once per iteration):
     ``(position, ops)``, the ops of :func:`gradient_reducers` in schedule order (whether one
-    reduces depends on the layout: ``reductions.held_bytes`` is 0 where it does not) and the
+    reduces depends on the layout: ``reductions.ReductionBytes.held`` is 0 where it does not) and the
     position of the unit the reduction runs right after (a unit of ``graph.schedule``, or a
     position in the loop's body): ``graph.combined_after``'s where the order sets it
     (``order.breadth_first``), else the last op's."""
@@ -106,9 +107,9 @@ def combined_point(graph: Graph) -> dict[str | None, tuple[int, tuple[str, ...]]
 def gradient_bytes(ops: tuple[str, ...], held: Mapping[str, int], partials: Mapping[str, int],
                    relayouts: Mapping[str, int] | None = None) -> tuple[int, ...]:
     """The buffers the combined reduction of ``ops`` (:func:`combined_reductions`) holds where it
-    runs: the held partial sums ``held[op]`` of each op but the last (``reductions.held_bytes``), the
-    last op's ``partials[op]`` with their relayout copy (``reductions.partial_bytes``: XLA copies one
-    gradient at a time), that copy a buffer of its own (``relayouts[op]``, ``reductions.relayout_bytes``;
+    runs: the held partial sums ``held[op]`` of each op but the last (``reductions.ReductionBytes.held``), the
+    last op's ``partials[op]`` with their relayout copy (``reductions.ReductionBytes.partial``: XLA copies one
+    gradient at a time), that copy a buffer of its own (``relayouts[op]``, ``reductions.ReductionBytes.relayout``;
     ``outputs.partial_buffers``)."""
     last = partial_buffers(partials.get(ops[-1], 0), (relayouts or {}).get(ops[-1], 0))
     return tuple(held.get(o, 0) for o in ops[:-1]) + last

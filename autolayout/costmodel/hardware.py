@@ -176,7 +176,8 @@ class Hardware:
             collective in line (XLA:CPU, or the synchronous schedule of Mesh-TF's Table 1).
         all_reduce_in_place: whether XLA writes an all-reduce's result over its operand, so
             that partial sums take no second buffer while they are reduced
-            (:func:`~autolayout.costmodel.reductions.transient_bytes`); see :data:`~autolayout.costmodel.profiles.SRC_ALL_REDUCE_IN_PLACE`.
+            (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`); see
+            :data:`~autolayout.costmodel.profiles.SRC_ALL_REDUCE_IN_PLACE`.
         description: what one device is and how numbers were chosen.
         sources: citations for the numbers.
         op_overhead_s: launch/dispatch seconds added to every executed op (every op of the
@@ -205,13 +206,13 @@ class Hardware:
             :data:`~autolayout.costmodel.profiles.SRC_FUSED_ATTENTION` for which profiles set it.
         combines_gradient_reductions: whether the step reduces its parameter gradients
             together, after the last is computed, so that their unreduced partial sums are
-            live at once (:func:`~autolayout.costmodel.reductions.held_bytes`): XLA:CPU combines
+            live at once (:attr:`~autolayout.costmodel.reductions.ReductionBytes.held`): XLA:CPU combines
             all-reduces with no byte threshold; see :data:`~autolayout.costmodel.profiles.SRC_CPU_GRADIENT_REDUCTIONS`.
             Other all-reduces that do not depend on one another are combined too
             (:func:`~autolayout.costmodel.combine.combined_all_reduces`).
         reduce_scatter_copies: whether a reduce-scatter of a dim that is not its operand's
             most major first copies the operand into that layout
-            (:func:`~autolayout.costmodel.reductions.transient_bytes`); see
+            (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`); see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_GRADIENT_REDUCTIONS`.
         upcasts_half_dots: whether a contraction of half-precision (bfloat16, float16)
             operands runs in float32, so that its operands and result are held in float32

@@ -60,7 +60,7 @@ and an initial value that the scan reads last becomes the loop state (it is free
 the scan, as an element-wise op's operand is). Inside the body, element-wise ops chained in
 place over the carried value (a residual stream) write into the loop state's buffer too and
 take none of their own (:func:`~autolayout.costmodel.lifetimes.loop_state_chain`). While an op runs
-it also holds ``reductions.transient_bytes``, and a contraction on a backend that copies dot
+it also holds ``reductions.ReductionBytes.transient``, and a contraction on a backend that copies dot
 operands (``Hardware.dot_operand_copies``: XLA:CPU) the copies of its operands whose originals
 outlive it: from the operand's producer to the dot for a value computed in the step
 (:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
@@ -75,7 +75,8 @@ an op of :func:`~autolayout.costmodel.phases.split_reductions` counts the larger
 the collective's phase where the order runs it: at the op, or right after a later unit
 (:mod:`~autolayout.costmodel.phases`, ``phases.collective_points``). A
 reduce-scatter's relayout copy is an instruction of its own between the two, so the contraction's
-phase holds ``reductions.contraction_bytes`` and the collective's the copy too (``reductions.partial_bytes``).
+phase holds ``reductions.ReductionBytes.contraction`` and the collective's the copy too
+(``reductions.ReductionBytes.partial``).
 
 On a backend that reduces a step's parameter gradients together
 (``Hardware.combines_gradient_reductions``: XLA:CPU), every op that may reduce a parameter's
@@ -184,7 +185,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
-    reduction (``reductions.held_bytes``; :mod:`~autolayout.costmodel.gradients`) and the operand copies
+    reduction (``reductions.ReductionBytes.held``; :mod:`~autolayout.costmodel.gradients`) and the operand copies
     ``copies[op]`` of a contraction (``reductions.operand_copy_bytes``), live from the operand's
     producer to the op where :func:`~autolayout.costmodel.copies.copy_spans` says so (counted as ``activations``),
     and the converted copies ``gathered[op][tensor]`` an op makes for later readers too, or early
@@ -194,9 +195,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     and ``groups``, the other combined all-reduces
     (:func:`~autolayout.costmodel.combine.combined_all_reduces`: per computation, ``(position,
     ops)``), whose ops hold ``held[op]`` there too. ``partials[op]``: the bytes its reduction
-    holds (``reductions.partial_bytes``); an op of
+    holds (``reductions.ReductionBytes.partial``); an op of
     :func:`~autolayout.costmodel.phases.split_reductions` with some (whose ``temps`` are
-    its contraction's, ``reductions.contraction_bytes``, as for ``gradients.deferred_reductions``'s)
+    its contraction's, ``reductions.ReductionBytes.contraction``, as for ``gradients.deferred_reductions``'s)
     counts the larger of its two phases, ``live - output + temps`` (the contraction writes its
     partial sums; the result is not allocated yet) and ``live - last reads - conversions and
     copies freed there + partials`` (the collective); ``combines``
@@ -214,7 +215,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     placed on its own in an output allocation not yet written (:func:`_output_peak`).
     ``param_copies[param]``: the bytes of XLA's copy of a donated parameter
     (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place).
-    ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.relayout_bytes``), placed apart."""
+    ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.ReductionBytes.relayout``), placed apart."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))

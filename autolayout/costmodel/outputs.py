@@ -71,9 +71,9 @@ def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int]) -> 
 
 
 def partial_buffers(partial: int, relayout: int) -> tuple[int, ...]:
-    """The buffers a reduction's ``partial`` bytes (``reductions.partial_bytes``) are, each placed on
+    """The buffers a reduction's ``partial`` bytes (``reductions.ReductionBytes.partial``) are, each placed on
     its own: the partial sums, and apart from them their relayout copy (``relayout``,
-    ``reductions.relayout_bytes``: written by an instruction of its own), where there is one.
+    ``reductions.ReductionBytes.relayout``: written by an instruction of its own), where there is one.
 
     Raises:
         ValueError: ``relayout`` is more than ``partial``."""

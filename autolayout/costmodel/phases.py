@@ -76,7 +76,7 @@ def split_reductions(graph: Graph) -> Mapping[str, tuple[str, ...]]:
 @lru_cache(maxsize=256)
 def phased_reductions(graph: Graph, combines: bool) -> frozenset[str]:
     """The ops ``memory.peak_memory`` counts in phases, whose ``temps`` are their contraction's
-    (``reductions.contraction_bytes``): those of :func:`split_reductions` and, where ``combines``
+    (``reductions.ReductionBytes.contraction``): those of :func:`split_reductions` and, where ``combines``
     (``Hardware.combines_gradient_reductions``), of ``gradients.deferred_reductions``."""
     return frozenset(split_reductions(graph)) | deferred_reductions(graph, combines)
 

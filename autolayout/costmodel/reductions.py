@@ -18,8 +18,7 @@ from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan
 from autolayout.graph import Op
 
-__all__ = ["ReductionBytes", "reduction_bytes", "transient_bytes", "contraction_bytes", "partial_bytes",
-           "relayout_bytes", "held_bytes", "operand_copy_bytes", "upcasts", "HALF", "FLOAT32_BYTES"]
+__all__ = ["ReductionBytes", "reduction_bytes", "operand_copy_bytes", "upcasts", "HALF", "FLOAT32_BYTES"]
 
 HALF = ("bfloat16", "float16")  # the half-precision dtypes (numpy names)
 FLOAT32_BYTES = 4  # np.dtype("float32").itemsize
@@ -36,10 +35,13 @@ class ReductionBytes:
     """The bytes an op planned as ``p`` holds for its inputs and its reduction, from one
     evaluation of the rule (:func:`reduction_bytes`): ``converted`` (``p.temp_bytes``: the inputs
     the plan converts for it, an FSDP layer's gathered weights, a resharded operand), ``sums``
-    (the full-size partial sums of its output beside the reduced result) and ``relayout``
+    (the full-size partial sums of its output beside the reduced result: 0 where nothing is
+    reduced, or an all-reduce runs in place, ``hardware.all_reduce_in_place``) and ``relayout``
     (XLA:CPU's relayout copy of them before a reduce-scatter), and whether ``hardware``
-    ``combines`` the gradients' reductions. :func:`transient_bytes`, :func:`contraction_bytes`,
-    :func:`partial_bytes`, :func:`relayout_bytes` and :func:`held_bytes` are its parts."""
+    ``combines`` the gradients' reductions. ``rules.price`` fills ``OpCost``'s
+    ``transient_bytes``, ``contraction_bytes``, ``partial_bytes``, ``relayout_bytes`` and
+    ``held_bytes`` from its parts; ``predict`` and the search's memory rows both read them there
+    (one rule)."""
 
     converted: int
     sums: int
@@ -48,99 +50,69 @@ class ReductionBytes:
 
     @property
     def transient(self) -> int:
+        """Bytes the op holds only while it runs: the inputs the plan converts for it, freed
+        after, and the unreduced partial sums of its output while their collective runs (a
+        reduce-scatter, or a reduction that ends sliced, writes a new, smaller buffer, so the
+        full-size partial one is live beside it; an all-reduce does too unless the backend runs
+        it in place), with their relayout copy (:attr:`relayout`)."""
         return self.converted + self.sums + self.relayout
 
     @property
     def contraction(self) -> int:
+        """The part of :attr:`transient` the op holds while its contraction runs: the inputs the
+        plan converts for it and the partial sums it writes, not the relayout copy a
+        reduce-scatter reads (an instruction of its own after the dot, run with the collective:
+        XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
+        An op of :func:`~autolayout.costmodel.phases.split_reductions` or
+        ``gradients.deferred_reductions`` counts this in its contraction's phase and the copy with
+        its collective (:attr:`partial`)."""
         return self.converted + self.sums
 
     @property
     def partial(self) -> int:
+        """The part of :attr:`transient` that the reduction of the op's partial output holds: the
+        full-size partial sums beside the reduced result, and their relayout copy. Where
+        :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
+        :func:`~autolayout.costmodel.memory.peak_memory` counts these in the reduction's own phase,
+        after the contraction has freed its inputs."""
         return self.sums + self.relayout
 
     @property
     def held(self) -> int:
+        """Bytes that stay live until the step reduces its gradients together, when the op is one
+        of :func:`~autolayout.costmodel.gradients.combined_reductions` and the backend
+        ``combines`` them (:mod:`~autolayout.costmodel.gradients`): the unreduced partial sums, as
+        :attr:`transient` counts them while their collective runs, without a reduce-scatter's
+        relayout copy (XLA copies one gradient at a time). 0 on other hardware."""
         return self.sums if self.combines else 0
 
 
 def reduction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> ReductionBytes:
-    """:class:`ReductionBytes` of the op planned as ``p`` on ``hardware``: the partial sums (0
-    where nothing is reduced, or an all-reduce runs in place) and their relayout copy computed
-    once, for ``rules.price`` to fill an ``OpCost`` from."""
+    """:class:`ReductionBytes` of the op planned as ``p`` on ``hardware``: the partial sums and
+    their relayout copy computed once, for ``rules.price`` to fill an ``OpCost`` from."""
     sums = _partial_bytes(p, op, mesh, hardware)
     return ReductionBytes(int(p.temp_bytes), int(sums), _relayout(p, op, mesh, hardware, sums),
                           hardware.combines_gradient_reductions)
 
 
-def transient_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """Bytes the op planned as ``p`` holds only while it runs, on ``hardware``:
-
-    * inputs the plan converts for it (``p.temp_bytes``: an FSDP layer's gathered
-      weights, a resharded operand), freed after;
-    * the unreduced partial sums of its output while their collective runs: a
-      reduce-scatter (or a reduction that ends sliced) writes a new, smaller buffer, so
-      the full-size partial one is live beside it; an all-reduce does too unless the
-      backend runs it in place (``hardware.all_reduce_in_place``);
-    * where ``hardware.reduce_scatter_copies`` (XLA:CPU), a copy of those partial sums
-      when a reduce-scatter splits a dim that is not the most major of the op's output
-      (its first dim of local size > 1, in the op's output order: a contraction's as
-      ``dot_general`` gives it, ``costmodel/dotcopy.py``). A reduce-scatter hands each
-      device one contiguous block of its operand, so XLA lays the operand out with the
-      scattered dim most major and copies it into that layout first (measured in XLA:CPU's
-      optimized HLO: a ``copy`` to layout ``{0,1}`` of the ``[io, hidden]`` gradient before
-      the reduce-scatter of its ``hidden`` dim; ``tests/test_memory_rules.py``).
-
-    ``predict`` and the search's memory rows both count this (one rule)."""
-    return reduction_bytes(p, op, mesh, hardware).transient
-
-
-def contraction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`transient_bytes` the op planned as ``p`` holds while its contraction
-    runs: the inputs the plan converts for it and the partial sums it writes, not the relayout
-    copy a reduce-scatter reads (an instruction of its own after the dot, run with the collective:
-    XLA:CPU's optimized HLO, ``wrapped_copy`` between the ``dot`` and the ``reduce-scatter``).
-    An op of :func:`~autolayout.costmodel.phases.split_reductions` or
-    ``gradients.deferred_reductions`` counts this in its
-    contraction's phase and the copy with its collective (:func:`partial_bytes`)."""
-    return reduction_bytes(p, op, mesh, hardware).contraction
-
-
-def partial_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`transient_bytes` that the reduction of ``p``'s partial output holds:
-    the full-size partial sums beside the reduced result, and XLA:CPU's relayout copy of them
-    before a reduce-scatter (0 where nothing is reduced, or an all-reduce runs in place).
-    Where :func:`~autolayout.costmodel.phases.split_reductions` lists the op,
-    :func:`~autolayout.costmodel.memory.peak_memory` counts these in the reduction's own phase,
-    after the contraction has freed its inputs."""
-    return reduction_bytes(p, op, mesh, hardware).partial
-
-
-def relayout_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """The part of :func:`partial_bytes` that is XLA:CPU's relayout copy of the partial sums before a
-    reduce-scatter (``hardware.reduce_scatter_copies``; else 0): a buffer of its own, placed apart
-    (``outputs.partial_buffers``; the zoo mlp's ZeRO-1 step: ``dot_general.22`` in a copied weight's
-    buffer, ``wrapped_copy.1`` beside it)."""
-    return reduction_bytes(p, op, mesh, hardware).relayout
-
-
 def _relayout(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware, sums: int) -> int:
-    """:func:`relayout_bytes` given the op's partial sums ``sums`` (:func:`_partial_bytes`)."""
+    """The relayout copy of the partial sums ``sums`` (:func:`_partial_bytes`) before a
+    reduce-scatter, where ``hardware.reduce_scatter_copies`` (XLA:CPU; else 0): a buffer of its
+    own, placed apart (``outputs.partial_buffers``; the zoo mlp's ZeRO-1 step: ``dot_general.22``
+    in a copied weight's buffer, ``wrapped_copy.1`` beside it). XLA copies the partial sums when
+    a reduce-scatter splits a dim that is not the most major of the op's output (its first dim of
+    local size > 1, in the op's output order: a contraction's as ``dot_general`` gives it,
+    ``costmodel/dotcopy.py``). A reduce-scatter hands each device one contiguous block of its
+    operand, so XLA lays the operand out with the scattered dim most major and copies it into that
+    layout first (measured in XLA:CPU's optimized HLO: a ``copy`` to layout ``{0,1}`` of the
+    ``[io, hidden]`` gradient before the reduce-scatter of its ``hidden`` dim;
+    ``tests/test_memory_rules.py``)."""
     if sums and hardware.reduce_scatter_copies:
         sizes = {d.name: d.size for d in op.dims}
         lead = [d for d in p.computed.dims if p.computed.local_size(d, sizes[d], mesh) > 1][:1]
         if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
             return int(sums)
     return 0
-
-
-def held_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> int:
-    """Bytes of the op planned as ``p`` that stay live until the step reduces its gradients
-    together, when ``op`` is one of :func:`~autolayout.costmodel.gradients.combined_reductions` and
-    ``hardware.combines_gradient_reductions`` (:mod:`~autolayout.costmodel.gradients`): the unreduced partial sums
-    of its output, as :func:`transient_bytes` counts them while their collective runs
-    (without a reduce-scatter's relayout copy: XLA copies one gradient at a time). 0 on
-    other hardware."""
-    return reduction_bytes(p, op, mesh, hardware).held
 
 
 def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> tuple[int, ...]:

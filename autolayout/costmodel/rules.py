@@ -87,8 +87,8 @@ class OpCost:
     comm_s: float
     overlapped_s: float = 0.0
     beside_s: float = 0.0  # the part of overlapped_s that hides only beside independent work
-    transient_bytes: int = 0  # held only while the op runs (``reductions.transient_bytes``)
-    held_bytes: int = 0  # held until the combined gradient reduction (``reductions.held_bytes``)
+    transient_bytes: int = 0  # held only while the op runs (``reductions.ReductionBytes.transient``)
+    held_bytes: int = 0  # held until the combined gradient reduction (``reductions.ReductionBytes.held``)
     # per operand, the bytes of the copy XLA:CPU makes of it for the dot (0: read in place;
     # :func:`~autolayout.costmodel.reductions.operand_copy_bytes`); () where hw.dot_operand_copies is off
     operand_copy_bytes: tuple[int, ...] = ()
@@ -96,16 +96,16 @@ class OpCost:
     # too, held from this op to the last of them (``OpPlan.span_bytes``, ``sharing.shared_reads``)
     span_bytes: tuple[int, ...] = ()
     # the part of transient_bytes the reduction of a partial output holds
-    # (:func:`~autolayout.costmodel.reductions.partial_bytes`)
+    # (:attr:`~autolayout.costmodel.reductions.ReductionBytes.partial`)
     partial_bytes: int = 0
     # the part of transient_bytes the op holds while its contraction runs, without a reduce-scatter's
-    # relayout copy (:func:`~autolayout.costmodel.reductions.contraction_bytes`)
+    # relayout copy (:attr:`~autolayout.costmodel.reductions.ReductionBytes.contraction`)
     contraction_bytes: int = 0
     # the part of transient_bytes and contraction_bytes that are inputs the plan converts for the
     # op (``OpPlan.temp_bytes``: gathered weights, resharded operands)
     converted_bytes: int = 0
     # the part of partial_bytes that is XLA:CPU's relayout copy before a reduce-scatter, a buffer of
-    # its own (:func:`~autolayout.costmodel.reductions.relayout_bytes`)
+    # its own (:attr:`~autolayout.costmodel.reductions.ReductionBytes.relayout`)
     relayout_bytes: int = 0
 
     def running_bytes(self, phased: bool) -> int:
@@ -118,7 +118,7 @@ class OpCost:
     def running_parts(self, phased: bool) -> tuple[int, int, int]:
         """:meth:`running_bytes` as the buffers it is made of: the inputs converted for the op,
         its partial sums, and (where not ``phased``) XLA:CPU's relayout copy of them before a
-        reduce-scatter (``reductions.transient_bytes``). They sum to
+        reduce-scatter (``reductions.ReductionBytes.transient``). They sum to
         :meth:`running_bytes`. XLA allocates each on its own, so an output allocation not yet
         written can hold one but not their sum (``outputs.unplaced_output_bytes``); converted
         inputs count as one buffer (a bound: an op converting several has several)."""

@@ -39,7 +39,7 @@ output allocations (``search.model.LayoutModel.add_output_row``).
 Where the hardware combines the gradients' all-reduces, the point where a computation reduces
 its gradients (``gradients.combined_point``: right after a unit, its last reads and the copies
 freed there gone) lists the :func:`held` bytes of its gradient-reducing ops but the last
-(``reductions.held_bytes``) and the last one's :func:`partial` sums (with their relayout copy;
+(``reductions.ReductionBytes.held``) and the last one's :func:`partial` sums (with their relayout copy;
 ``gradients.gradient_bytes``).
 The point of an op whose all-reduce may end a combined one
 (``costmodel.combine.combined_all_reduces``) lists a :func:`combined` name for each op that
@@ -112,7 +112,7 @@ _RELAYOUT = "\x00relayout:"
 
 def transient(op: str) -> str:
     """The name under which a live set lists the transient bytes of ``op``
-    (:func:`~autolayout.costmodel.reductions.transient_bytes`: inputs gathered for it, partial
+    (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`: inputs gathered for it, partial
     sums being reduced), live only at the point where ``op`` runs."""
     return _TRANSIENT + op
 
@@ -138,7 +138,7 @@ def transient_part(op: str, k: int) -> str:
 def partial(op: str) -> str:
     """The name under which the live set of the collective's phase of a split reduction
     (``phases.split_reductions``) lists the partial sums ``op`` reduces there
-    (``reductions.partial_bytes``; 0 where its layout reduces nothing)."""
+    (``reductions.ReductionBytes.partial``; 0 where its layout reduces nothing)."""
     return _PARTIAL + op
 
 
@@ -148,7 +148,7 @@ def is_partial(name: str) -> bool:
 
 def relayout(op: str) -> str:
     """The size key (not a live-set name) of the part of :func:`partial` ``op`` that is its
-    relayout copy (``reductions.relayout_bytes``), which :func:`total_at` places apart."""
+    relayout copy (``reductions.ReductionBytes.relayout``), which :func:`total_at` places apart."""
     return _RELAYOUT + op
 
 
@@ -165,7 +165,7 @@ def is_result(name: str) -> bool:
 
 def held(op: str) -> str:
     """The name under which a live set lists the bytes gradient-reducing ``op`` holds until its
-    computation's combined reduction (:func:`~autolayout.costmodel.reductions.held_bytes`)."""
+    computation's combined reduction (:attr:`~autolayout.costmodel.reductions.ReductionBytes.held`)."""
     return _HELD + op
 
 

@@ -242,7 +242,7 @@ class Tables:
 
     def transient_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds only while it runs under the layout's rules
-        (``OpCost.running_bytes``: :func:`~autolayout.costmodel.reductions.transient_bytes`, or the
+        (``OpCost.running_bytes``: :attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`, or the
         contraction's bytes for an op counted in phases; and the operand copies of a
         contraction, :func:`~autolayout.costmodel.copies.copy_transient_bytes`, as ``predict``
         counts them) for each assignment of the group of its dims."""
@@ -413,7 +413,7 @@ class Tables:
 
     def held_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes ``op`` holds until its computation's combined gradient
-        reduction (``OpCost.held_bytes``: :func:`~autolayout.costmodel.reductions.held_bytes`, as
+        reduction (``OpCost.held_bytes``: :attr:`~autolayout.costmodel.reductions.ReductionBytes.held`, as
         ``predict`` counts them) for each assignment of the group of its dims."""
         return self._per_assignment(op, "held_bytes", self._held)
 

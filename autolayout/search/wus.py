@@ -21,7 +21,7 @@ builds the shard, and this module records
   all-gathers of the weights once per step or per use — exactly as ``predict``
   sums them;
 * ``dbytes`` — per-tensor change of local bytes, and the change of the transient bytes
-  of the ops it touches (:func:`~autolayout.costmodel.reductions.transient_bytes`: gathered
+  of the ops it touches (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`: gathered
   inputs, partial sums reduce-scattered; :func:`~autolayout.search.liveness.transient`) and
   of the copies they convert for later readers too (:func:`~autolayout.search.liveness.gathered`).
 
