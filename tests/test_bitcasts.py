@@ -13,7 +13,8 @@ from autolayout.costmodel.predict import predict
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.costmodel.rules import price
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_kept, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.names import is_kept
 from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of

@@ -17,7 +17,7 @@ from autolayout.costmodel.broadcasts import YNN_MIN_ELEMENTS, broadcast_bytes, b
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_broadcast
+from autolayout.search.names import is_broadcast
 from storage_variants import search_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

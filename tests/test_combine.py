@@ -21,7 +21,8 @@ from autolayout.costmodel.placement import ALL_REDUCE
 from autolayout.costmodel.plan import plan
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_combined, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.names import is_combined
 from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of

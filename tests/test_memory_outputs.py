@@ -178,13 +178,13 @@ def test_transient_buffers_are_placed_apart():
     (its temp heap is under 2 KiB), so its ``memory_analysis`` is the arguments and outputs; the
     prediction is within 1% of it, where the running op's bytes as one buffer fit no allocation and
     put the peak over XLA's by more than 10%. The search's peak for the layout and every storage
-    variant of it is ``predict``'s (the parts are sizes of their own, ``liveness.transient_part``)."""
+    variant of it is ``predict``'s (the parts are sizes of their own, ``names.transient_part``)."""
     import sys
     from pathlib import Path
 
     from autolayout.core import Layout, Mesh
     from autolayout.exec import execute
-    from autolayout.search.liveness import is_transient_part
+    from autolayout.search.names import is_transient_part
     from autolayout.search.solver import search_points
     from autolayout.search.tables import Tables
     from autolayout.search.warm import sizes_of

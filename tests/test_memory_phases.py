@@ -21,7 +21,8 @@ from autolayout.costmodel.gradients import combined_reductions
 from autolayout.costmodel.phases import split_reductions
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import partial, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.names import partial
 from autolayout.search.solver import search_points
 from autolayout.search.tables import Tables
 from autolayout.search.warm import sizes_of
@@ -180,8 +181,8 @@ def _graph(name):
 
 @pytest.mark.parametrize("name,mesh,hw", CASES, ids=["-".join(c) for c in CASES])
 def test_search_live_sets_reproduce_predict_with_split_reductions(name, mesh, hw):
-    """The search's live sets (each split reduction's two phases: ``liveness.result`` in the
-    contraction's, ``liveness.partial`` in the collective's) give ``predict``'s figure for random
+    """The search's live sets (each split reduction's two phases: ``names.result`` in the
+    contraction's, ``names.partial`` in the collective's) give ``predict``'s figure for random
     layouts, with every storage option of their parameters."""
     hw, mesh = get_hardware(hw), Mesh.parse(mesh)
     g = kernel_graph(_graph(name), hw)

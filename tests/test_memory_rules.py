@@ -25,14 +25,15 @@ from autolayout import models, predict
 from autolayout.core import Layout, Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import get_hardware, known_hardware
-from autolayout.costmodel.gradients import combined_reductions
+from autolayout.costmodel.gradients import SCATTERED, combined_reductions
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.copies import copy_spans, copy_transient_bytes
 from autolayout.costmodel.lifetimes import lifetimes
 from autolayout.costmodel.reductions import reduction_bytes
 from autolayout.costmodel.rules import op_cost
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_copy, is_gathered, is_held, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.names import is_copy, is_gathered, is_held
 from autolayout.search.solver import search_points
 from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables
@@ -258,15 +259,19 @@ def test_data_parallel_peak_holds_every_gradient_twice_by_hand():
 
 def test_zero3_peak_adds_one_relayout_copy_by_hand():
     """ZeRO-3 over all 8 devices: the reduce-scatters of grad/w [hidden, io] (w is stored split
-    on io) and grad/v [io, hidden] (v split on hidden) scatter a minor dim. The gradients'
-    reduction runs where XLA's first-in first-out scheduler puts it, after the ops queued before
-    the last gradient (grad/w) ended: the input gradient's dot out/1, which reads w all-gathered
-    (sharing.shared_reads) and frees it. There the model holds grad/v's and bias's
-    partial sums and grad/w's with their copy: 3 x 128 KiB + 1 KiB, as XLA's buffer assignment
-    does (3 x 128 KiB live at its peak; tests/test_memory_xla.py's mlp-train ZeRO-3 row)."""
-    assert memory_order(_mlp(), CPU).combined_after == {None: "out/1"}
+    on io) and grad/v [io, hidden] (v split on hidden) scatter a minor dim. No gradient is
+    all-reduced, so each reduce-scatter is an instruction of XLA's first-in first-out order
+    (costmodel.order, the scattered order), queued after its op: those of grad/v, the bias's sum
+    and grad/w run after the ops queued before them, to the input gradient's dot out/1, which reads
+    w all-gathered (sharing.shared_reads) and frees it, in that sequence. At grad/w's, the last,
+    the model holds grad/v's relayout copy (copied, not yet reduce-scattered) and grad/w's partial
+    sums with their copy: 3 x 128 KiB, as XLA's buffer assignment does (3 x 128 KiB live at its
+    peak; tests/test_memory_xla.py's mlp-train ZeRO-3 row)."""
+    view = memory_order(_mlp(), CPU, reduction=SCATTERED)
+    assert {o: view.collective_after[o] for o in ("grad/v", "reduce_sum_0", "grad/w")} == dict.fromkeys(
+        ("grad/v", "reduce_sum_0", "grad/w"), "out/1")
     c = predict(_mlp(), MESH, "batch:data,model|*:data,model@3", hardware=CPU)
-    assert c.memory["transient"] == 3 * IO * HIDDEN * F32 + HIDDEN * F32
+    assert c.memory["transient"] == 3 * IO * HIDDEN * F32
     only_copy = predict(_mlp(), MESH, "batch:data,model|*:data,model@3",
                         hardware=NEITHER.replace(reduce_scatter_copies=True))
     # at grad/v: its partial sums and their copy beside w gathered; v's second reader, the input
@@ -290,12 +295,17 @@ def test_a_reduce_scatters_relayout_copy_is_held_with_its_collective_not_its_con
     assert oc.contraction_bytes == IO * HIDDEN * F32
     off = price(p.ops["grad/w"], g.op("grad/w"), mesh, CPU.replace(reduce_scatter_copies=False))
     assert off.partial_bytes == off.contraction_bytes == IO * HIDDEN * F32
-    # the parts of one evaluation (reductions.reduction_bytes): the partial sums held for the combined
-    # reduction without their copy, on a backend that combines the gradients' reductions only
+    # the parts of one evaluation (reductions.reduction_bytes): a reduce-scatter is no member of the
+    # combined all-reduce, so nothing is held for it
     rb = reduction_bytes(p.ops["grad/w"], g.op("grad/w"), mesh, CPU)
-    assert (rb.converted, rb.sums, rb.relayout, rb.held) == (0, IO * HIDDEN * F32, IO * HIDDEN * F32, IO * HIDDEN * F32)
+    assert (rb.converted, rb.sums, rb.relayout, rb.held) == (0, IO * HIDDEN * F32, IO * HIDDEN * F32, 0)
     assert oc.held_bytes == rb.held
-    assert reduction_bytes(p.ops["grad/w"], g.op("grad/w"), mesh,
+    # all-reduced (the gradient stored whole): the partial sums, without a copy, held for the combined
+    # all-reduce, on a backend that combines the gradients' all-reduces only
+    whole = plan(g, mesh, Layout.parse("batch:data,model"))
+    rb = reduction_bytes(whole.ops["grad/w"], g.op("grad/w"), mesh, CPU)
+    assert (rb.sums, rb.relayout, rb.held) == (IO * HIDDEN * F32, 0, IO * HIDDEN * F32)
+    assert reduction_bytes(whole.ops["grad/w"], g.op("grad/w"), mesh,
                            CPU.replace(combines_gradient_reductions=False)).held == 0
 
 

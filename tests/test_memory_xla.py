@@ -178,6 +178,13 @@ WITHIN = [  # (model id in bench.CASES, layout)
     # holding temporaries until the update (costmodel/donations.py: copy.11, copy.12 here)
     ("mlp-mse-train", "hidden:data,model"),  # 0.880 -> 0.960
     ("mlp-mse-train", "batch:data,model|*:data,model@3"),
+    # before -> after the scattered order (costmodel/order.py, session 17): where no gradient is all-reduced,
+    # XLA:CPU has no combined all-reduce; each gradient's reduce-scatter (after its relayout copy) is an
+    # instruction of the breadth-first order, which frees the partial sums there, where the model had held them
+    # all to one combined reduction
+    ("linen_bf16_mlp-donated", "batch:data,model|*:data,model@2"),  # 1.215 -> 1.005 (--storage)
+    ("mlp-mse-train", "batch:data,model|*:data,model@1"),  # 1.231 -> 1.000
+    ("mlp-mse-train", "batch:data,model|*:data,model@2"),  # 1.231 -> 1.000
     ("moe-mse-train", ""),
     ("moe-mse-train", "batch:data,model"),
     ("moe-mse-train", "batch:data;experts:model"),
@@ -192,15 +199,6 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "projections' backward dots with their inputs; XLA's optimized HLO rewrites the dispatch (its peak, "
         "position 33 of 48, holds relayout copies of w2 and of the expert activations instead): the rest of the "
         "gap is that restructuring"),
-    # drawn by benchmarks/memory_vs_xla.py --storage (ZeRO stages 2 and 3 of every training step)
-    ("linen_bf16_mlp-donated", "batch:data,model|*:data,model@2"): (
-        "1.215. XLA:CPU combines all-reduces, not reduce-scatters: each gradient's reduce-scatter is an "
-        "instruction of its breadth-first order, run a few positions after its dot (the bias gradient's right "
-        "after its reduction, the kernels' after their relayout copies), which frees the full-size partial sums "
-        "there; the model holds every gradient's partial sums to one combined reduction (costmodel/gradients.py). "
-        "A third order for layouts that reduce-scatter every gradient took this row to 1.005 but the zoo mlp's "
-        "ZeRO rows under XLA's figure (1.02 -> 0.74), whose match rested on that held count standing in for "
-        "XLA's copies of the donated parameters and the all-gathered weights (DESIGN §11, session 13)"),
     # the zoo mlp with a regression loss (benchmarks/memory_vs_xla.py --loss)
     ("mlp-mse-train", ""): (
         "0.875 (0.913 of XLA's live peak, 754692 B; 0.792 before the copies were priced). XLA:CPU copies both "
@@ -209,14 +207,6 @@ OFF = {  # measured ratio predicted / XLA and why (benchmarks/memory_vs_xla.py)
         "(as in an output allocation not yet written), where XLA's buffer assignment gives a buffer one place "
         "for its whole life and leaves the first weight's buffer empty from copy.11 to the gradient dot (positions "
         "7-16): a lower bound of XLA's placement, here by 64 KiB"),
-    ("mlp-mse-train", "batch:data,model|*:data,model@1"): (
-        "1.231, as before XLA's copies of the donated weights were priced (copy.23, copy.24: 1.432 with them alone; "
-        "their own buffers hold the partial sums and, apart, their relayout copy, wrapped_copy.1). XLA:CPU runs each "
-        "gradient's reduce-scatter (three, not combined) a few positions after its relayout copy, freeing its "
-        "partial sums there, where the model holds them to one combined reduction (costmodel/gradients.py): the "
-        "scattered order (DESIGN §11, sessions 13-15; 1.000 with it, predict-only)"),
-    ("mlp-mse-train", "batch:data,model|*:data,model@2"): (
-        "1.231: as at ZeRO stage 1 (XLA's figure the same, 570608 B; three reduce-scatters, copy.23 and copy.24)"),
 }
 
 

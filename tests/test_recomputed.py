@@ -19,7 +19,7 @@ from autolayout.costmodel.recomputed import recomputed_spans, written
 from autolayout.costmodel.order import memory_order
 from autolayout.fusion import duplicable, reduction
 from autolayout.search import enumerate_layouts
-from autolayout.search.liveness import is_recomputed
+from autolayout.search.names import is_recomputed
 from storage_variants import search_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

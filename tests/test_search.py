@@ -21,7 +21,8 @@ from autolayout.costmodel.predict import predict
 from autolayout.costmodel.overlap import domain_of, overlappable, split, step_time
 from autolayout.costmodel.rules import check_op, op_cost
 from autolayout.search import SearchError, SearchResult, enumerate_layouts, layout, mesh_shapes, search
-from autolayout.search.liveness import param_copy, peak_of
+from autolayout.search.liveness import peak_of
+from autolayout.search.names import param_copy
 from autolayout.search.solver import search_points
 from autolayout.search.warm import sizes_of
 from autolayout.search.tables import Tables

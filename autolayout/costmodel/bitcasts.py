@@ -18,7 +18,7 @@ XLA's figure, and the NNX llama's length -> kv_length renames, 13-14% over; with
 its own last reader: the positions after the operand's last read up to the last read of its
 renames. ``memory.peak_memory`` counts the operand's bytes there where its renames are
 bitcasts, and the renamed tensors at 0 bytes; the search lists :func:`kept_spans` as names
-sized by the layout (``search.liveness.kept``, ``search.tables.Tables.kept_bytes``).
+sized by the layout (``search.names.kept``, ``search.tables.Tables.kept_bytes``).
 """
 from __future__ import annotations
 

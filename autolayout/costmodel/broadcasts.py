@@ -15,7 +15,7 @@ broadcast of its ``rsqrt`` at 8 x 16 x 32 elements, nothing at 4 x 16 x 32).
 :func:`broadcast_spans` lists them per computation (layout-independent positions);
 :func:`broadcast_bytes` sizes one from its reader's local elements (0 below the threshold, a
 loop fusion). ``memory.peak_memory`` counts each as ``activations``; the search lists them as
-names sized by the layout (``search.liveness.broadcast``, ``Tables.broadcast_bytes``), one rule.
+names sized by the layout (``search.names.broadcast``, ``Tables.broadcast_bytes``), one rule.
 Measured (``benchmarks/memory_vs_xla.py``, DESIGN §11): 71 / 66 / 134 -> 71 / 69 / 135 of 76 /
 72 / 144 layouts within 10% of XLA, and under XLA's figure by more than 10% 0 / 4 / 2 -> 0 / 1 / 0.
 """

@@ -97,7 +97,7 @@ def held_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
     layout, ``member`` holding its partial sums at ``last``: contractions and reductions of one
     computation, outside the gradient group, ``last`` not reachable from ``member`` and every
     reader of ``member`` after ``last``. The search lists one name per pair at ``last``'s point
-    (``search.liveness.combined``); a layout sizes it (``search.warm.sizes_of``)."""
+    (``search.names.combined``); a layout sizes it (``search.warm.sizes_of``)."""
     _, _, grads = _statics(graph)
     out = []
     for _, ops in _computations(graph):

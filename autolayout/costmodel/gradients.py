@@ -16,8 +16,16 @@ XLA:CPU) the reduction comes later:
   two relayout copies and three reduce-scatters run after the last gradient dot *and* after the
   input gradient's dot queued before it (the last reader of an all-gathered weight, freed there).
 
-The model has one reduction per computation (:func:`combined_reductions`), a node of the
-breadth-first order that waits for every gradient-reducing op (``costmodel.order``). It runs
+Where the layout all-reduces some gradient (:func:`gradient_reduction`), the model has one
+reduction per computation (:func:`combined_reductions`), a node of the breadth-first order that
+waits for every gradient-reducing op (``costmodel.order``); a reduce-scattering op is no member of
+it (``reductions.ReductionBytes.held`` 0): its partial sums count at its own position alone, its
+result from there (an approximation where a layout mixes the two, which XLA runs as a combined
+all-reduce and separate reduce-scatters). Where the layout reduce-scatters every gradient it
+reduces, the order has no such reduction (``Graph.scattered``: :func:`combined_reductions` has
+none) and each gradient op is a split reduction whose collective is a node of its own
+(``phases.split_reductions``, ``phases.collective_sequence``: the relayout copies of those run
+after one unit first). The combined reduction runs
 right after the unit the order runs before it (``Graph.combined_after``, set by
 ``order.breadth_first``; after the last gradient op in an order that has none): the point of
 :func:`combined_point`, where that unit's last reads are freed and every op's partial sums are
@@ -39,7 +47,8 @@ from autolayout.costmodel.outputs import partial_buffers
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
-__all__ = ["gradient_reducers", "gradients_reduced", "combined_reductions", "combined_point", "gradient_bytes",
+__all__ = ["gradient_reducers", "gradient_reduction", "COMBINED", "SCATTERED", "NONE", "REDUCTIONS",
+           "combined_reductions", "combined_point", "gradient_bytes",
            "deferred_reductions"]
 
 
@@ -68,13 +77,23 @@ def gradient_reducers(graph: Graph) -> Mapping[str | None, frozenset[str]]:
     return MappingProxyType({k: frozenset(v) for k, v in found.items()})
 
 
-def gradients_reduced(graph: Graph, held: Mapping[str, int], partials: Mapping[str, int]) -> bool:
-    """Whether a layout reduces some parameter gradient: an op of :func:`gradient_reducers` holds
-    partial sums (``held``: ``reductions.ReductionBytes.held``, ``partials``:
-    ``reductions.ReductionBytes.partial``, per op; both 0 where the op reduces nothing). Only then
-    does XLA:CPU's step have the combined gradient reduction the optimizer updates wait for
+COMBINED, SCATTERED, NONE = "combined", "scattered", "none"
+REDUCTIONS = (COMBINED, SCATTERED, NONE)  # how a layout reduces its parameter gradients (gradient_reduction)
+
+
+def gradient_reduction(graph: Graph, held: Mapping[str, int], partials: Mapping[str, int]) -> str:
+    """How a layout reduces its parameter gradients, from the bytes of the ops of
+    :func:`gradient_reducers` (``held``: ``reductions.ReductionBytes.held``, ``partials``:
+    ``reductions.ReductionBytes.partial``, per op): ``"combined"`` where some op holds partial
+    sums for an all-reduce (its held bytes; XLA:CPU's step then has one combined all-reduce the
+    optimizer updates wait for), ``"scattered"`` where some op reduces its partial sums but none
+    all-reduces (reduce-scatters only, which XLA:CPU does not combine: each is an instruction of
+    the order), else ``"none"``. The order the memory model walks is the one of this
     (``costmodel.order.memory_order``)."""
-    return any(held.get(o, 0) or partials.get(o, 0) for ops in gradient_reducers(graph).values() for o in ops)
+    ops = [o for group in gradient_reducers(graph).values() for o in group]
+    if any(held.get(o, 0) for o in ops):
+        return COMBINED
+    return SCATTERED if any(partials.get(o, 0) for o in ops) else NONE
 
 
 @lru_cache(maxsize=256)
@@ -86,6 +105,8 @@ def combined_reductions(graph: Graph) -> dict[str | None, tuple[int, tuple[str, 
     position of the unit the reduction runs right after (a unit of ``graph.schedule``, or a
     position in the loop's body): ``graph.combined_after``'s where the order sets it
     (``order.breadth_first``), else the last op's."""
+    if getattr(graph, "scattered", False):  # each gradient op's collective a node of the order
+        return {}
     unit_of = {(u.name if isinstance(u, Loop) else u): i for i, u in enumerate(graph.schedule)}
     after = getattr(graph, "combined_after", {})
     out = {}

@@ -110,7 +110,7 @@ from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
 from autolayout.costmodel.outputs import (output_placement, partial_buffers, step_arguments, unplaced_output_bytes,
                                          whole_call_outputs)
-from autolayout.costmodel.phases import Phases, after_bytes, after_points
+from autolayout.costmodel.phases import pending_bytes, pending_spans, Phases, after_bytes, after_points
 from autolayout.costmodel.plan import grad_of
 from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.reductions import FLOAT32_BYTES, HALF, upcasts
@@ -221,6 +221,12 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
     spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {}, recomputed or {},
                    param_copies or {})
+    pending = {}  # partial sums waiting for a later collective (phases.pending_spans)
+    for loop, group in pending_spans(graph).items():
+        for op, _, start, stop in group:
+            b = pending[op] = pending_bytes((partials or {}).get(op, 0), (relayouts or {}).get(op, 0), size.get(op, 0))
+            if b:
+                spans.setdefault(loop, []).append((start, stop, b, "partial"))
     combined: dict[str | None, tuple] = {k: tuple(gs) for k, gs in (groups or {}).items()}
     points = combined_point(graph) if combines else {}  # the gradients' combined reduction, after a unit
     units, alloc, free = lifetimes(graph)
@@ -233,7 +239,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     relayouts = relayouts or {}
     after = after_points(graph, partials or {}, held_at,
                          {loop: (*points[loop], gradient_bytes(ops, held, partials or {}, relayouts))
-                          for loop, (_, ops) in combined_reductions(graph).items() if loop in points}, relayouts)
+                          for loop, (_, ops) in combined_reductions(graph).items() if loop in points}, relayouts,
+                         pending)
     whole = _output_peak(graph, size, temps, held, units, alloc, free, spans, combined,
                          phases, after, temp_parts or {}, relayouts)  # outputs allocated for the whole call
     if whole is not None:

@@ -30,11 +30,18 @@ them, so the optimizer updates wait for the last gradient. It is queued when the
 leaves the queue, so it runs after the instructions queued before that: the view records the unit
 it runs right after (``Graph.combined_after``, per computation), where the memory model counts the
 gradients' reduction (:mod:`autolayout.costmodel.gradients`). That instruction exists only where
-the layout reduces some gradient (a data-parallel layout, not a model-parallel one): elsewhere
-each update is queued as soon as its gradient is ready. So a graph has two orders,
-``memory_order(..., gradients_reduced=...)``: ``predict`` walks the one of the layout it prices
-(``gradients.gradients_reduced``), and the search holds the points of both, each row enforced
-under a literal of its order (``search/orders.py``; exact). The collective of every op of
+the layout all-reduces some gradient (a data-parallel layout, not a model-parallel one, nor one
+that reduce-scatters every gradient it reduces, ZeRO-2/3 over every axis it reduces on: the
+combiner merges all-reduces only). Where the layout reduces none, each update is queued as soon
+as its gradient is ready; where it reduce-scatters them, each gradient op's collective is a node
+of the order as a split reduction's is (below), queued when the op leaves the queue and read by
+its update. So a graph has three orders, ``memory_order(..., reduction=...)``
+(``gradients.REDUCTIONS``): ``predict`` walks the one of the layout it prices
+(``gradients.gradient_reduction``), and the search holds the points of all three, each row
+enforced under a literal of the orders that have it (``search/orders.py``; exact). Measured with
+the third, predict-only against the stored XLA figures of ``benchmarks/memory_vs_xla.py``'s
+samples (DESIGN §11, session 17): the chosen table, three drawn samples, ``--storage``'s 90 rows, 58
+more ZeRO-2/3 rows and ``--loss``'s 12 went from 557 to 560 of 595 within 10%. The collective of every op of
 ``phases.split_reductions`` (an all-reduce or reduce-scatter of a non-gradient contraction) is a
 node of the order too, queued when its op leaves the queue and read by the op's readers, whether
 or not a layout reduces there (one order for every layout; where none does, the node holds
@@ -70,7 +77,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import readers_of
 from autolayout.costmodel.phases import split_reductions
-from autolayout.costmodel.gradients import gradient_reducers
+from autolayout.costmodel.gradients import COMBINED, REDUCTIONS, SCATTERED, gradient_reducers
 from autolayout.graph import Graph, Loop
 
 __all__ = ["memory_order", "breadth_first", "fifo_order"]
@@ -86,36 +93,51 @@ class _Collective:
     op: str
 
 
-def memory_order(graph: Graph, hardware: Hardware, *, gradients_reduced: bool = True) -> Graph:
+def memory_order(graph: Graph, hardware: Hardware, *, reduction: str = COMBINED) -> Graph:
     """The graph whose schedule the memory model walks on ``hardware`` (module docstring):
     :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. There the
-    collective of every op of ``phases.split_reductions`` is a node of the order, and the
-    gradients' combined all-reduce one where ``hardware.combines_gradient_reductions`` and the
-    layout reduces some gradient (``gradients_reduced``: ``predict`` tells from the plan; the
-    search holds the order of each case and a literal choosing between them,
-    ``search.orders.reduced_literal``). ``predict`` (``price_plan``) and the search
-    (``search.tables.Tables``) both call this (one rule)."""
+    collective of every op of ``phases.split_reductions`` is a node of the order; where
+    ``hardware.combines_gradient_reductions``, how the layout reduces its gradients
+    (``reduction``, :data:`~autolayout.costmodel.gradients.REDUCTIONS`: ``predict`` tells from
+    the plan, ``gradients.gradient_reduction``; the search holds the order of each and literals
+    choosing between them, ``search/orders.py``) adds the gradients' combined all-reduce
+    (``"combined"``: some gradient is all-reduced) or each gradient op's collective as a node of
+    its own (``"scattered"``: they are reduce-scattered only, which XLA:CPU's combiner leaves
+    apart). ``predict`` (``price_plan``) and the search (``search.tables.Tables``) both call this
+    (one rule).
+
+    Raises:
+        ValueError: ``reduction`` is not one of ``REDUCTIONS``."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"memory_order: reduction {reduction!r} is not one of {REDUCTIONS}")
     if not hardware.breadth_first_schedule:
         return graph
-    return breadth_first(graph, combined=hardware.combines_gradient_reductions and gradients_reduced,
-                         collectives=frozenset(split_reductions(graph)))
+    split = frozenset(split_reductions(graph))
+    if hardware.combines_gradient_reductions and reduction == SCATTERED:
+        grads = frozenset(o for ops in gradient_reducers(graph).values() for o in ops)
+        return breadth_first(graph, collectives=split | grads, scattered=True)
+    return breadth_first(graph, combined=hardware.combines_gradient_reductions and reduction == COMBINED,
+                         collectives=split)
 
 
-def breadth_first(graph: Graph, combined: bool = False, collectives: frozenset[str] = frozenset()) -> Graph:
+def breadth_first(graph: Graph, combined: bool = False, collectives: frozenset[str] = frozenset(),
+                  scattered: bool = False) -> Graph:
     """``graph`` with its schedule and its scans' bodies in the order of XLA's
     ``BFSMemoryScheduler`` (module docstring); ``combined``: the gradients' all-reduces run as one
     instruction, right after the unit ``combined_after[computation]`` of the view (``None``: the
     top level; a scan's name: its body); ``collectives``: ops whose collective is an instruction
     of its own, queued when the op leaves the queue and read by the op's readers, run right after
-    the unit ``collective_after[op]`` of the view (listed where that is not the op itself). A
-    graph this returned comes back as it is."""
+    the unit ``collective_after[op]`` of the view (listed where that is not the op itself);
+    ``scattered``: ``collectives`` holds the gradient ops, whose reductions the memory model then
+    counts as those of ``phases.split_reductions`` (``Graph.scattered`` of the view;
+    ``gradients.combined_reductions`` has none). A graph this returned comes back as it is."""
     if getattr(graph, "breadth_first_of", None) is not None:
         return graph
-    return _breadth_first(graph, combined, frozenset(collectives))
+    return _breadth_first(graph, combined, frozenset(collectives), scattered)
 
 
 @lru_cache(maxsize=64)
-def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str]) -> Graph:
+def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str], scattered: bool) -> Graph:
     readers = readers_of(graph)  # a fused op's readers: the materialised ops it is fused into
     sources = _sources(graph)
     reducers = gradient_reducers(graph) if combined else {}
@@ -149,6 +171,7 @@ def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str]) ->
     view.breadth_first_of = graph
     view.combined_after = MappingProxyType(after)
     view.collective_after = MappingProxyType(moved)
+    view.scattered = scattered
     return view
 
 

@@ -31,7 +31,8 @@ from autolayout.costmodel.lifetimes import freed_at, lifetimes
 from autolayout.costmodel.outputs import partial_buffers
 from autolayout.graph import Graph, Loop
 
-__all__ = ["split_reductions", "phased_reductions", "collective_points", "after_points", "after_bytes", "Phases"]
+__all__ = ["split_reductions", "phased_reductions", "collective_points", "collective_sequence", "pending_spans",
+           "pending_bytes", "after_points", "after_bytes", "Phases"]
 
 
 @lru_cache(maxsize=256)
@@ -105,8 +106,33 @@ def collective_points(graph: Graph) -> Mapping[str, tuple[str | None, int, tuple
     return MappingProxyType(out)
 
 
+@lru_cache(maxsize=256)
+def pending_spans(graph: Graph) -> Mapping[str | None, tuple[tuple[str, str, int, int], ...]]:
+    """Per computation, ``(op, op, start, stop)`` for each op of :func:`collective_points`: its
+    partial sums, written where it runs, wait for its collective from the next position to the
+    unit that collective runs after (``stop``), where the collective's point counts them
+    (:func:`after_points`); the bytes are :func:`pending_bytes`. ``memory.peak_memory`` and the
+    search's live sets (``search.names.SPAN_KINDS``) both count these spans (one rule)."""
+    out: dict[str | None, list] = {}
+    units, _, _ = lifetimes(graph)
+    top = {(u.name if isinstance(u, Loop) else u): i for i, u in enumerate(units)}
+    for op, (loop, at, _) in collective_points(graph).items():
+        k = top[op] if loop is None else graph.loops[loop].body.index(op)
+        out.setdefault(loop, []).append((op, op, k + 1, at))
+    return MappingProxyType({loop: tuple(group) for loop, group in out.items()})
+
+
+def pending_bytes(partial: int, relayout: int, result: int) -> int:
+    """The bytes an op of :func:`pending_spans` adds while its partial sums wait for their
+    collective: the partial sums (``partial``, ``reductions.ReductionBytes.partial``, less their
+    relayout copy ``relayout``, written by the collective's own instruction) beside its output's
+    ``result`` bytes, which the memory model counts from the op on (a reduce-scatter's result is
+    smaller than the sums; an all-reduce's the same size: nothing to add)."""
+    return max(int(partial) - int(relayout) - int(result), 0)
+
+
 def after_points(graph: Graph, partials: Mapping[str, int], held_at, combined: Mapping | None = None,
-                 relayouts: Mapping[str, int] | None = None
+                 relayouts: Mapping[str, int] | None = None, pending: Mapping[str, int] | None = None
                  ) -> dict[str | None, list[tuple[int, tuple[str, ...], list[tuple[str, int]]]]]:
     """Per computation, the points right after a unit: ``(position, tensors freed there,
     buffers live there as (kind, bytes))``: the collective phase of each op of
@@ -115,14 +141,43 @@ def after_points(graph: Graph, partials: Mapping[str, int], held_at, combined: M
     ``combined``'s points (``{computation: (position, freed, [held bytes])}``: the gradients'
     combined reduction, ``gradients.combined_point``, ``gradients.gradient_bytes``). ``relayouts[op]``:
     the part of ``partials[op]`` that is its relayout copy, a buffer of its own
-    (``outputs.partial_buffers``)."""
+    (``outputs.partial_buffers``). Collectives run after the same unit are a sequence, in the
+    order's (:func:`collective_sequence`): at each, the relayout copies of those before it are
+    live (copied, not yet reduce-scattered) and the partial sums of those after it still wait
+    (``pending[op]``, :func:`pending_bytes`)."""
     out: dict[str | None, list] = {}
+    relayouts, pending = relayouts or {}, pending or {}
     for loop, (at, gone, bs) in (combined or {}).items():
         out.setdefault(loop, []).append((at, tuple(gone), [("held", b) for b in bs]))
     for op, (loop, at, gone) in collective_points(graph).items():
-        own = partial_buffers(partials.get(op, 0), (relayouts or {}).get(op, 0))  # its relayout copy apart
-        out.setdefault(loop, []).append((at, gone, [("transient", b) for b in own] + list(held_at(loop, op))))
+        own = partial_buffers(partials.get(op, 0), relayouts.get(op, 0))  # its relayout copy apart
+        before, later = collective_sequence(graph)[op]
+        others = [("transient", b) for o in before if (b := relayouts.get(o, 0))]
+        others += [("partial", b) for o in later if (b := pending.get(o, 0))]
+        out.setdefault(loop, []).append((at, gone, [("transient", b) for b in own] + others
+                                         + list(held_at(loop, op))))
     return out
+
+
+@lru_cache(maxsize=256)
+def collective_sequence(graph: Graph) -> Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """For each op of :func:`collective_points`, ``(before, after)``: the other ops whose
+    collectives run right after the same unit, before it and after it in the order.
+
+    XLA:CPU's breadth-first order queues a reduce-scatter's relayout copy (a ``wrapped_copy``
+    fusion) when its op leaves the queue and the reduce-scatter when the copy does, so the copies
+    of the ops queued together run first, then their reduce-scatters (optimized HLO of the zoo
+    mlp's ZeRO-1 step, ``benchmarks/memory_vs_xla.py``: ``wrapped_copy.1``, ``wrapped_copy``, then
+    ``reduce_scatter.23``, ``.22``; each copy frees its partial sums). At each op's collective the
+    copies of those before it are live and the partial sums of those after it wait."""
+    groups: dict[tuple, list[str]] = {}
+    for op, (loop, at, _) in collective_points(graph).items():  # in the order's sequence
+        groups.setdefault((loop, at), []).append(op)
+    out = {}
+    for ops in groups.values():
+        for k, op in enumerate(ops):
+            out[op] = (tuple(ops[:k]), tuple(ops[k + 1:]))
+    return MappingProxyType(out)
 
 
 class Phases:

@@ -16,7 +16,7 @@ from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.memory import peak_memory, stored_bytes, stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.order import memory_order
-from autolayout.costmodel.gradients import gradients_reduced
+from autolayout.costmodel.gradients import COMBINED, gradient_reduction
 from autolayout.costmodel.combine import combined_all_reduces
 from autolayout.costmodel.copies import copy_transient_bytes
 from autolayout.costmodel.donations import copied_parameters
@@ -178,8 +178,9 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 "bytes": oc.bytes_accessed, "compute_s": oc.compute_s,
                 "collectives": "; ".join(f"{c.kind} {c.bytes}B/{','.join(c.mesh_axes)}" for c in oc.collectives),
                 "comm_s": oc.comm_s, "total_s": (oc.compute_s + oc.comm_s) * n})
-    if not gradients_reduced(graph, held, partials):  # no combined gradient reduction to wait for
-        walk = memory_order(graph, hw, gradients_reduced=False)
+    reduction = gradient_reduction(graph, held, partials)
+    if reduction != COMBINED:  # no combined gradient reduction to wait for
+        walk = memory_order(graph, hw, reduction=reduction)
     size = stored_bytes(graph, p.local_bytes, hw)
     bitcast = {n for n in renamed if is_bitcast(graph.op(n), graph.op(graph.op(n).inputs[0]), renamed[n],
                                                 size[graph.op(n).inputs[0]], size[n])}

@@ -21,7 +21,7 @@ the value's last reader. :func:`recomputed_spans` lists, per computation, where 
 kept alive past its own last reader for a value; :func:`written` says whether a layout writes the
 value itself. ``predict`` counts the value's bytes where it is written, and the source's bytes over
 the span where it is recomputed; the search lists the spans as names sized by the layout
-(``search.liveness.recomputed``, ``Tables.recomputed_bytes``): one rule.
+(``search.names.recomputed``, ``Tables.recomputed_bytes``): one rule.
 """
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ class ReductionBytes:
     the plan converts for it, an FSDP layer's gathered weights, a resharded operand), ``sums``
     (the full-size partial sums of its output beside the reduced result: 0 where nothing is
     reduced, or an all-reduce runs in place, ``hardware.all_reduce_in_place``) and ``relayout``
-    (XLA:CPU's relayout copy of them before a reduce-scatter), and whether ``hardware``
-    ``combines`` the gradients' reductions. ``rules.price`` fills ``OpCost``'s
+    (XLA:CPU's relayout copy of them before a reduce-scatter), whether ``hardware``
+    ``combines`` the gradients' reductions, and whether the op ``all_reduced`` its partial sums
+    (some step of its output's conversion an all-reduce: a member of a combined one). ``rules.price`` fills ``OpCost``'s
     ``transient_bytes``, ``contraction_bytes``, ``partial_bytes``, ``relayout_bytes`` and
     ``held_bytes`` from its parts; ``predict`` and the search's memory rows both read them there
     (one rule)."""
@@ -47,6 +48,7 @@ class ReductionBytes:
     sums: int
     relayout: int
     combines: bool
+    all_reduced: bool = False
 
     @property
     def transient(self) -> int:
@@ -82,9 +84,11 @@ class ReductionBytes:
         """Bytes that stay live until the step reduces its gradients together, when the op is one
         of :func:`~autolayout.costmodel.gradients.combined_reductions` and the backend
         ``combines`` them (:mod:`~autolayout.costmodel.gradients`): the unreduced partial sums, as
-        :attr:`transient` counts them while their collective runs, without a reduce-scatter's
-        relayout copy (XLA copies one gradient at a time). 0 on other hardware."""
-        return self.sums if self.combines else 0
+        :attr:`transient` counts them while their collective runs, where it all-reduces them
+        (``all_reduced``; XLA:CPU's combiner merges all-reduces, not reduce-scatters, which run
+        apart: ``costmodel.order``). 0 for a reduce-scatter, and on other hardware. Whether some
+        gradient op's are above 0 picks the step's order (``gradients.gradient_reduction``)."""
+        return self.sums if self.combines and self.all_reduced else 0
 
 
 def reduction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> ReductionBytes:
@@ -92,7 +96,8 @@ def reduction_bytes(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> Reduct
     their relayout copy computed once, for ``rules.price`` to fill an ``OpCost`` from."""
     sums = _partial_bytes(p, op, mesh, hardware)
     return ReductionBytes(int(p.temp_bytes), int(sums), _relayout(p, op, mesh, hardware, sums),
-                          hardware.combines_gradient_reductions)
+                          hardware.combines_gradient_reductions,
+                          bool(p.computed.partial) and any(s.kind == ALL_REDUCE for s in p.out_steps))
 
 
 def _relayout(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware, sums: int) -> int:

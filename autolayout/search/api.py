@@ -10,6 +10,7 @@ from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.attention import kernel_graph
+from autolayout.costmodel.gradients import REDUCTIONS
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
 from autolayout.costmodel.predict import Cost, predict
@@ -316,7 +317,7 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
         # late spans are subsets of early ones: a floor for either schedule
         walk = memory_order(g, hw)
         floor = share_floor(walk, mesh, live_points(walk, early=False,
-                                                    unreduced=memory_order(g, hw, gradients_reduced=False)))
+                                                    orders={r: memory_order(g, hw, reduction=r) for r in REDUCTIONS}))
         if floor > limit:
             raise Dominated(f"no layout fits: at least {floor} B per device (each tensor's share of the "
                             f"{mesh.size} devices, at the peak), above memory_limit {int(limit)} B")

@@ -13,6 +13,8 @@ point's live tensors instead of summing them. Points:
   top-level live set of ``i`` plus the body tensors live at ``j`` (carried
   values and values used outside the body live for the whole iteration).
 
+Beside the tensors, a point lists names of other buffers (``search/names.py``: a running op's
+:func:`~autolayout.search.names.transient` bytes, a reduction's partial sums, the spans' buffers).
 A point also lists the dot operand copies live there (:func:`copy`: ``copies.copy_spans``,
 from the operand's producer to its dot) and the converted copies that later readers share
 (:func:`gathered`: ``sharing.spans``, from where the schedule runs the conversion to the last
@@ -55,320 +57,47 @@ A donated parameter XLA may copy (``costmodel.donations``) lists its :func:`para
 ``search.warm.sizes_of`` sizes them and, like the :func:`combined` names, they count in
 :func:`peak_of` but not in the rows' live sums.
 
-Where a layout's order depends on whether it reduces a gradient (``costmodel.order.memory_order``:
-XLA:CPU's combined gradient reduction), :func:`live_points` lists the points of both orders, each
-guarded by its order (:class:`LivePoints`), and :func:`peak_of` counts those of the layout's own
-(:meth:`LivePoints.order_of`); the search enforces a row under its order's literal
-(``search/orders.py``), and a floor over every layout takes the smaller order's (:func:`floor_of`).
+Where a layout's order depends on how it reduces its gradients (``costmodel.order.memory_order``:
+XLA:CPU's combined gradient all-reduce, or each gradient's reduce-scatter a node of its own),
+:func:`live_points` lists the points of every order, each guarded by the orders that have it
+(:class:`LivePoints`), and :func:`peak_of` counts those of the layout's own
+(:meth:`LivePoints.order_of`); the search enforces a row under its orders' literal
+(``search/orders.py``), and a floor over every layout takes the smallest order's (:func:`floor_of`).
 
 ``peak_memory(graph, mesh, axes_of, shrink)[0] == peak_of(points, sizes)[0]``
 for every layout; ``tests/test_search.py`` checks this against the cost model.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from autolayout.costmodel.bitcasts import kept_spans
-from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.combine import held_pairs
-from autolayout.costmodel.gradients import (combined_point, combined_reductions, deferred_reductions, gradient_reducers,
-                                            gradients_reduced)
-from autolayout.costmodel.phases import collective_points, split_reductions
-
-from autolayout.costmodel.copies import copy_spans
+from autolayout.costmodel.gradients import (REDUCTIONS, combined_point, combined_reductions, deferred_reductions,
+                                            gradient_reducers, gradient_reduction)
+from autolayout.costmodel.phases import collective_points, collective_sequence, split_reductions
 from autolayout.costmodel.donations import param_copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
 from autolayout.costmodel.outputs import partial_buffers, step_arguments, unplaced_output_bytes, whole_call_outputs
-from autolayout.costmodel.recomputed import recomputed_spans
-from autolayout.costmodel.sharing import spans as shared_spans
 from autolayout.graph import Graph, Loop
+from autolayout.search.names import (SPAN_KINDS, TRANSIENT_PARTS, combined, donor, donor_param, held, is_donor,
+                                     is_layout_sized, is_param_copy, is_partial, is_transient, op_of, param_copy,
+                                     partial, pending, relayout, result, transient, transient_part)
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
-           "reduces_gradient", "transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS",
-           "held", "is_held", "partial", "is_partial", "result", "is_result",
-           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of", "combined",
-           "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast", "broadcast_of", "recomputed",
-           "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS", "span_kind", "param_copy", "is_param_copy",
-           "donor", "is_donor", "is_layout_sized", "relayout"]
-
-_TRANSIENT = "\x00transient:"
-_TRANSIENT_PART = "\x00transient-part:"
-_HELD = "\x00held:"
-_COPY = "\x00copy:"
-_GATHERED = "\x00gathered:"
-_COMBINED = "\x00combined:"
-_PARTIAL = "\x00partial:"
-_RESULT = "\x00result:"
-_KEPT = "\x00kept:"
-_BROADCAST = "\x00broadcast:"
-_RECOMPUTED = "\x00recomputed:"
-_PARAM_COPY = "\x00param-copy:"
-_DONOR = "\x00donor:"
-_RELAYOUT = "\x00relayout:"
-
-
-def transient(op: str) -> str:
-    """The name under which a live set lists the transient bytes of ``op``
-    (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`: inputs gathered for it, partial
-    sums being reduced), live only at the point where ``op`` runs."""
-    return _TRANSIENT + op
-
-
-def is_transient(name: str) -> bool:
-    return name.startswith(_TRANSIENT)
-
-
-TRANSIENT_PARTS = 4  # OpCost.running_parts and the operand copies at the dot
-
-
-def is_transient_part(name: str) -> bool:
-    return name.startswith(_TRANSIENT_PART)
-
-
-def transient_part(op: str, k: int) -> str:
-    """The name under which a layout's sizes (``search.warm.sizes_of``) list buffer ``k`` of
-    :func:`transient` ``op`` (``Tables.transient_parts``): not a name of the live sets, whose
-    sums take the whole; :func:`total_at` places each part in an output allocation on its own."""
-    return f"{_TRANSIENT_PART}{k}:{op}"
-
-
-def partial(op: str) -> str:
-    """The name under which the live set of the collective's phase of a split reduction
-    (``phases.split_reductions``) lists the partial sums ``op`` reduces there
-    (``reductions.ReductionBytes.partial``; 0 where its layout reduces nothing)."""
-    return _PARTIAL + op
-
-
-def is_partial(name: str) -> bool:
-    return name.startswith(_PARTIAL)
-
-
-def relayout(op: str) -> str:
-    """The size key (not a live-set name) of the part of :func:`partial` ``op`` that is its
-    relayout copy (``reductions.ReductionBytes.relayout``), which :func:`total_at` places apart."""
-    return _RELAYOUT + op
-
-
-def result(op: str) -> str:
-    """The name under which the live set of the contraction's phase of a split reduction lists
-    ``op``'s output in place of the tensor: its bytes where the layout reduces nothing, 0 where
-    the op writes partial sums (the reduced result is not allocated yet)."""
-    return _RESULT + op
-
-
-def is_result(name: str) -> bool:
-    return name.startswith(_RESULT)
-
-
-def held(op: str) -> str:
-    """The name under which a live set lists the bytes gradient-reducing ``op`` holds until its
-    computation's combined reduction (:attr:`~autolayout.costmodel.reductions.ReductionBytes.held`)."""
-    return _HELD + op
-
-
-def is_held(name: str) -> bool:
-    return name.startswith(_HELD)
-
-
-def copy(op: str, k: int) -> str:
-    """The name under which a live set lists the copy contraction ``op`` reads of its operand
-    ``k`` (:func:`~autolayout.costmodel.copies.copy_spans`), live from the operand's producer to
-    ``op``."""
-    return f"{_COPY}{k}:{op}"
-
-
-def is_copy(name: str) -> bool:
-    return name.startswith(_COPY)
-
-
-def copy_operand(name: str) -> int:
-    """The operand index of a :func:`copy` name."""
-    return int(name[len(_COPY):].split(":", 1)[0])
-
-
-def gathered(op: str, tensor: str) -> str:
-    """The name under which a live set lists the copy of ``tensor`` that ``op`` converts for
-    later readers too, or early (``OpCost.span_bytes``; ``sharing.shared_reads``), live from where
-    XLA schedules the conversion to the last of them."""
-    return f"{_GATHERED}{op}\x00{tensor}"
-
-
-def is_gathered(name: str) -> bool:
-    return name.startswith(_GATHERED)
-
-
-def gathered_tensor(name: str) -> str:
-    """The tensor of a :func:`gathered` name."""
-    return name[len(_GATHERED):].split("\x00", 1)[1]
-
-
-def _parts(prefix: str, name: str) -> tuple[str, str]:
-    """The two names a name of ``prefix`` (:func:`kept`, :func:`broadcast`) was made of."""
-    first, second = name[len(prefix):].split("\x00", 1)
-    return first, second
-
-
-def kept(src: str, rename: str) -> str:
-    """The name under which a live set lists ``src``'s buffer kept alive for its renames past its
-    own last reader, where the layout makes them bitcasts (``costmodel.bitcasts.kept_spans``;
-    ``rename``: the first of them, whose layout decides)."""
-    return f"{_KEPT}{src}\x00{rename}"
-
-
-def is_kept(name: str) -> bool:
-    return name.startswith(_KEPT)
-
-
-def kept_of(name: str) -> tuple[str, str]:
-    """``(src, rename)`` of a :func:`kept` name."""
-    return _parts(_KEPT, name)
-
-
-def broadcast(value: str, reader: str) -> str:
-    """The name under which a live set lists the broadcast of ``value`` XLA writes to memory, at
-    the shape of its element-wise ``reader`` (``costmodel.broadcasts.broadcast_spans``)."""
-    return f"{_BROADCAST}{value}\x00{reader}"
-
-
-def is_broadcast(name: str) -> bool:
-    return name.startswith(_BROADCAST)
-
-
-def broadcast_of(name: str) -> tuple[str, str]:
-    """``(value, reader)`` of a :func:`broadcast` name."""
-    return _parts(_BROADCAST, name)
-
-
-def recomputed(source: str, value: str) -> str:
-    """The name under which a live set lists ``source``'s buffer kept alive past its own last
-    reader where the layout recomputes ``value`` from it (``costmodel.recomputed``)."""
-    return f"{_RECOMPUTED}{source}\x00{value}"
-
-
-def is_recomputed(name: str) -> bool:
-    return name.startswith(_RECOMPUTED)
-
-
-def recomputed_of(name: str) -> tuple[str, str]:
-    """``(source, value)`` of a :func:`recomputed` name."""
-    return _parts(_RECOMPUTED, name)
-
-
-@dataclass(frozen=True)
-class SpanKind:
-    """A kind of buffer that lives over a span of schedule positions, beside the tensors: one
-    row of :data:`SPAN_KINDS`, which the live sets (:func:`live_points`), a layout's sizes
-    (``search.warm.sizes_of``) and the memory rows (``LayoutModel.memory_expr``) all read, as
-    ``costmodel.memory._spans`` does for ``predict``.
-
-    ``spans(graph, early)``: per computation, ``(a, b, start, stop)`` (the cost model's own
-    function); ``key(a, b)``: the two parts a live-set name is made of; ``name(x, y)``: that
-    name; ``parts(name)``: its ``(x, y)``; ``nbytes(tables, x, y)``: ``(dims, bytes per
-    assignment of dims)`` from ``search.tables.Tables``; ``prefix``: what its names start with."""
-
-    spans: Callable[[Graph, bool], Mapping[str | None, tuple]]
-    key: Callable[[Any, Any], tuple]
-    name: Callable[[Any, Any], str]
-    parts: Callable[[str], tuple]
-    nbytes: Callable[[Any, Any, Any], tuple]
-    prefix: str
-
-    def names(self, graph: Graph, early: bool) -> dict[str | None, list[tuple[str, int, int]]]:
-        """Per computation, ``(name, start, stop)`` of each span of ``graph``."""
-        out: dict[str | None, list[tuple[str, int, int]]] = {}
-        for loop, members in self.spans(graph, early).items():
-            out.setdefault(loop, []).extend((self.name(*self.key(a, b)), start, stop) for a, b, start, stop in members)
-        return out
-
-
-SPAN_KINDS: tuple[SpanKind, ...] = (
-    # a dot operand copy, live from the operand's producer to its dot
-    SpanKind(lambda g, early: copy_spans(g), lambda op, k: (op, k), copy,
-             lambda n: (op_of(n), copy_operand(n)), lambda t, op, k: t.copy_bytes(t.graph.op(op), k), _COPY),
-    # a conversion later readers share, live from where it runs to the last of them
-    SpanKind(shared_spans, lambda op, tensor: (op, tensor), gathered, lambda n: (op_of(n), gathered_tensor(n)),
-             lambda t, op, tensor: t.gathered_bytes(t.graph.op(op), tensor), _GATHERED),
-    # an operand kept alive by renames that are bitcasts (the first rename's layout decides)
-    SpanKind(lambda g, early: kept_spans(g), lambda src, renames: (src, renames[0]), kept, lambda n: kept_of(n),
-             lambda t, src, rename: t.kept_bytes(src, rename), _KEPT),
-    # a broadcast XLA writes, at its reader's shape
-    SpanKind(lambda g, early: broadcast_spans(g), lambda value, reader: (value, reader), broadcast,
-             lambda n: broadcast_of(n), lambda t, value, reader: t.broadcast_bytes(reader), _BROADCAST),
-    # a source kept alive for a value the layout recomputes from it
-    SpanKind(lambda g, early: recomputed_spans(g), lambda source, value: (source, value), recomputed,
-             lambda n: recomputed_of(n), lambda t, source, value: t.recomputed_bytes(source, value), _RECOMPUTED),
-)
-
-
-def span_kind(name: str) -> SpanKind | None:
-    """The :data:`SPAN_KINDS` row whose live-set names ``name`` is one of, else None."""
-    return next((k for k in SPAN_KINDS if name.startswith(k.prefix)), None)
-
-
-def param_copy(param: str) -> str:
-    """The name of XLA's copy of a donated ``param`` in the live sets from the step's start to its
-    last reader (``costmodel.donations``; 0 bytes where the layout updates it in place)."""
-    return _PARAM_COPY + param
-
-
-def is_param_copy(name: str) -> bool:
-    return name.startswith(_PARAM_COPY)
-
-
-def donor(param: str) -> str:
-    """The name of a donated ``param``'s own buffer in the live sets before its update is written:
-    where XLA copies it (:func:`param_copy` sized), it holds temporaries as an output allocation
-    not yet written does (:func:`total_at`) and adds no bytes."""
-    return _DONOR + param
-
-
-def is_donor(name: str) -> bool:
-    return name.startswith(_DONOR)
-
-
-def is_layout_sized(name: str) -> bool:
-    """Whether a live-set name's bytes depend on the whole layout (:func:`combined`,
-    :func:`param_copy`, :func:`donor`): the memory rows leave them out (:func:`live_peak_of`); the
-    solver cuts off a layout they put over the limit (a no-good cut)."""
-    return is_combined(name) or is_param_copy(name) or is_donor(name)
-
-
-def combined(member: str, last: str) -> str:
-    """The name under which the live set of ``last``'s point lists the partial sums ``member``
-    holds there when a layout combines their all-reduces (``costmodel.combine``)."""
-    return f"{_COMBINED}{member}\x00{last}"
-
-
-def is_combined(name: str) -> bool:
-    return name.startswith(_COMBINED)
-
-
-def op_of(name: str) -> str:
-    """The op of a :func:`transient`, :func:`held`, :func:`partial`, :func:`result`, :func:`copy` or
-    :func:`gathered` name."""
-    if is_copy(name):
-        return name[len(_COPY):].split(":", 1)[1]
-    if is_gathered(name):
-        return name[len(_GATHERED):].split("\x00", 1)[0]
-    for prefix in (_HELD, _PARTIAL, _RESULT, _TRANSIENT):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    raise ValueError(f"op_of: {name!r} is not a name of an op's bytes")
-
+           "reduction_of"]
 
 class LivePoints(list):
     """The live sets of :func:`live_points` (a list of name tuples), with the graph's outputs
     allocated for the whole call (``outputs``) and its arguments (``arguments``), which
-    :func:`peak_of` needs. Where a layout's order depends on whether it reduces a gradient
+    :func:`peak_of` needs. Where a layout's order depends on how it reduces its gradients
     (``costmodel.order.memory_order``), ``guards[i]`` says which layouts point ``i`` is one of:
-    ``True`` those that reduce some gradient, ``False`` the others, ``None`` both (``graph``:
-    the graph whose ``gradients.gradient_reducers`` decide, :meth:`order_of`)."""
+    the set of the ways of reducing them (``gradients.REDUCTIONS``) whose orders have it, ``None``
+    every order's (``graph``: the graph whose ``gradients.gradient_reducers`` decide,
+    :meth:`order_of`)."""
 
     def __init__(self, points: Sequence[tuple[str, ...]], outputs: frozenset[str] = frozenset(),
-                 arguments: frozenset[str] = frozenset(), guards: Sequence[bool | None] | None = None,
+                 arguments: frozenset[str] = frozenset(), guards: Sequence[frozenset[str] | None] | None = None,
                  graph: Graph | None = None) -> None:
         super().__init__(points)
         self.outputs = outputs
@@ -379,20 +108,20 @@ class LivePoints(list):
         self._split: list[tuple[tuple[str, ...], tuple[str, ...]]] | None = None
 
     @property
-    def two_orders(self) -> bool:
-        """Whether some point belongs to one of the two orders only."""
+    def ordered(self) -> bool:
+        """Whether some point belongs to some orders only."""
         return any(g is not None for g in self.guards)
 
-    def order_of(self, size: Mapping[str, int]) -> bool | None:
-        """The order of the layout whose bytes are ``size`` (:func:`reduces_gradient`); None with
+    def order_of(self, size: Mapping[str, int]) -> str | None:
+        """The order of the layout whose bytes are ``size`` (:func:`reduction_of`); None with
         one order."""
-        return reduces_gradient(self.graph, size) if self.two_orders else None
+        return reduction_of(self.graph, size) if self.ordered else None
 
-    def indices(self, order: bool | None) -> list[int]:
+    def indices(self, order: str | None) -> list[int]:
         """The points of a layout of ``order`` (:meth:`order_of`; None: every point)."""
         if order is None:
             return list(range(len(self)))
-        return [i for i, g in enumerate(self.guards) if g is None or g == order]
+        return [i for i, g in enumerate(self.guards) if g is None or order in g]
 
     def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
         """Per point, ``(temporaries, outputs not yet written)``: its names that are neither
@@ -409,32 +138,38 @@ class LivePoints(list):
         return self._split
 
 
-def reduces_gradient(graph: Graph, size: Mapping[str, int]) -> bool:
-    """Whether the layout whose bytes are ``size`` (names of this module) reduces some parameter
-    gradient: ``gradients.gradients_reduced`` of its ops' :func:`held` and :func:`partial` bytes,
-    as ``predict`` tells from a plan (``costmodel.order.memory_order``)."""
+def reduction_of(graph: Graph, size: Mapping[str, int]) -> str:
+    """How the layout whose bytes are ``size`` (names of this module) reduces its parameter
+    gradients: ``gradients.gradient_reduction`` of its ops' :func:`held` and :func:`partial`
+    bytes, as ``predict`` tells from a plan (``costmodel.order.memory_order``)."""
     ops = [o for group in gradient_reducers(graph).values() for o in group]
-    return gradients_reduced(graph, {o: size.get(held(o), 0) for o in ops}, {o: size.get(partial(o), 0) for o in ops})
+    return gradient_reduction(graph, {o: size.get(held(o), 0) for o in ops}, {o: size.get(partial(o), 0) for o in ops})
 
 
-def live_points(graph: Graph, *, early: bool, combines: bool = False, unreduced: Graph | None = None
+def live_points(graph: Graph, *, early: bool, combines: bool = False, orders: Mapping[str, Graph] | None = None
                 ) -> LivePoints:
     """Distinct live sets (tensor names in graph order, then the running op's
     :func:`transient`), one per schedule point, in schedule order; ``early``: the shared
     conversions' spans as a breadth-first schedule places them
     (``Hardware.breadth_first_schedule``, :func:`~autolayout.costmodel.sharing.spans`);
     ``combines``: ``Hardware.combines_gradient_reductions``, whose combined all-reduces add the
-    :func:`combined` names (``costmodel.combine.held_pairs``). ``unreduced``: the graph in the
-    order of a layout that reduces no gradient (``memory_order(..., gradients_reduced=False)``),
-    where it is not ``graph``: the points of both, each guarded by its order
-    (:class:`LivePoints`)."""
-    if unreduced is None or unreduced is graph:
+    :func:`combined` names (``costmodel.combine.held_pairs``). ``orders``: for each way a layout
+    may reduce its gradients (``gradients.REDUCTIONS``), the graph in its order
+    (``memory_order(..., reduction=...)``): where they are not all ``graph``, the points of
+    every order, each guarded by the orders that have it (:class:`LivePoints`)."""
+    if orders is None or all(g is graph for g in orders.values()):
         return _live_points(graph, early=early, combines=combines)
-    reduced, other = (_live_points(g, early=early, combines=combines) for g in (graph, unreduced))
-    mine, theirs = set(reduced), set(other)
-    points = [p for p in reduced] + [p for p in other if p not in mine]
-    guards = [None if p in theirs else True for p in reduced] + [False for p in other if p not in mine]
-    return LivePoints(points, reduced.outputs, reduced.arguments, guards, graph)
+    if set(orders) != set(REDUCTIONS):
+        raise ValueError(f"live_points: orders has {sorted(orders)}, not every one of {REDUCTIONS}")
+    per = {g: _live_points(g, early=early, combines=combines) for g in dict.fromkeys(orders.values())}
+    have: dict[tuple[str, ...], set[str]] = {}
+    for r in REDUCTIONS:
+        for p in per[orders[r]]:
+            have.setdefault(p, set()).add(r)
+    points = list(have)
+    guards = [None if len(rs) == len(REDUCTIONS) else frozenset(rs) for rs in have.values()]
+    first = per[orders[REDUCTIONS[0]]]
+    return LivePoints(points, first.outputs, first.arguments, guards, graph)
 
 
 def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
@@ -446,6 +181,12 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
     for o, (loop, k, gone) in moved.items():
         late.setdefault((loop, k), []).append((o, gone))
     deferred = deferred_reductions(graph, combines)
+    order_of_collectives = collective_sequence(graph)
+
+    def sequence(o: str) -> tuple[str, ...]:  # the relayout copies before o's collective, the sums after
+        before, after = order_of_collectives[o]
+        return tuple(relayout(b) for b in before) + tuple(pending(a) for a in after)
+
     rank = {n: i for i, n in enumerate(graph.order)}
     waiting_at: dict[str, list[str]] = {}
     for m, o in held_pairs(graph) if combines else ():
@@ -489,9 +230,10 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
                 gone = set(split[op])
                 add([n for n in live if n not in gone], op, (), freed, (partial(op),))
         for o, gone in late.get((loop, i if loop is None else j), ()) if op is not None else ():
-            # the collective of a split reduction the order runs after this op (phases.collective_points)
-            add([n for n in live if n not in set(gone)], None, (), freed, (partial(o),) + tuple(waiting_at.get(o, ())),
-                combining=False)
+            # the collective of a split reduction the order runs after this op (phases.collective_points),
+            # in the sequence of those run there (phases.collective_sequence)
+            add([n for n in live if n not in set(gone)], None, (), freed, (partial(o),) + sequence(o)
+                + tuple(waiting_at.get(o, ())), combining=False)
         at = points_after.get(loop)
         if op is not None and at is not None and at[0] == (i if loop is None else j):
             # the combined gradient reduction, after this op: gradients.gradient_bytes
@@ -504,8 +246,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
         if loop is None and isinstance(units[i], Loop):  # a collective run right after a scan
             for o, gone in group:
                 live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in set(gone)]
-                add(live, None, (), copies_at(None, i, False), (partial(o),) + tuple(waiting_at.get(o, ())),
-                    combining=False)
+                add(live, None, (), copies_at(None, i, False), (partial(o),) + sequence(o)
+                    + tuple(waiting_at.get(o, ())), combining=False)
     if at is not None and isinstance(units[at[0]], Loop):  # after a scan
         i, gone, ops = at[0], set(at[1]), gradients[None][1]
         live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
@@ -535,7 +277,7 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
     the temporaries the free buffers of copied parameters hold there (:func:`donor`)."""
     total = sum(size.get(n, 0) for n in points[i])
     # the buffers of the parameters XLA copies, free there (donor): they hold temporaries and add nothing
-    donors = [b for n in points[i] if is_donor(n) and (b := size.get(param_copy(n[len(_DONOR):]), 0))]
+    donors = [b for n in points[i] if is_donor(n) and (b := size.get(param_copy(donor_param(n)), 0))]
     if getattr(points, "outputs", frozenset()) or donors:
         temps, free = points.split()[i]
         free_bytes = [size.get(o, 0) for o in free]
@@ -582,16 +324,16 @@ def live_peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tu
 
 def floor_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> int:
     """A lower bound on the peak of every layout whose bytes are each at least ``size``'s: the
-    live sums' peak (:func:`live_peak_of`), the smaller of the two orders' where
-    :class:`LivePoints` have two (``size`` does not say which order a layout takes)."""
-    if not getattr(points, "two_orders", False):
+    live sums' peak (:func:`live_peak_of`), the smallest of the orders' where
+    :class:`LivePoints` have several (``size`` does not say which order a layout takes)."""
+    if not getattr(points, "ordered", False):
         return live_peak_of(points, size)[0]
     return min(max((sum(size.get(n, 0) for n in points[i] if not is_layout_sized(n)) for i in points.indices(order)),
-                   default=0) for order in (True, False))
+                   default=0) for order in REDUCTIONS)
 
 
 def indices_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> Sequence[int]:
     """The points of the layout whose bytes are ``size`` (:meth:`LivePoints.order_of`)."""
-    if getattr(points, "two_orders", False):
+    if getattr(points, "ordered", False):
         return points.indices(points.order_of(size))
     return range(len(points))

@@ -45,8 +45,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autolayout.costmodel.overlap import domain_of_row, step_time
-from autolayout.search.liveness import (is_held, is_layout_sized, is_partial, is_result, is_transient, op_of,
-                                        span_kind)
+from autolayout.search.names import (is_held, is_relayout, is_layout_sized, is_partial, is_result, is_transient,
+                                     op_of, span_kind)
 from autolayout.search.orders import enforce
 from autolayout.search.tables import Tables, prod_axes
 from autolayout.search.wus import WusParam
@@ -148,8 +148,9 @@ class LayoutModel:
             self._time_objective()
         self.memory_rows: list[tuple[str, ...]] = []
         self.output_rows: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
-        self.guards: dict[tuple[str, ...], bool | None] = {}  # a row's order (liveness.LivePoints.guards)
-        self.reduced: Any = None  # the literal of search.orders.reduced_literal, made once
+        self.guards: dict[tuple[str, ...], frozenset[str] | None] = {}  # a row's orders (LivePoints.guards)
+        self.order_literals: dict[str, Any] | None = None  # search.orders.order_literals, made once
+        self.guard_literals: dict[frozenset[str], Any] = {}  # search.orders.order_literal, per set of orders
 
     # -- variables --------------------------------------------------------------------
     def onehot(self, dims: tuple[str, ...]) -> list:
@@ -356,7 +357,9 @@ class LayoutModel:
                 dims, _, vec = tables.phase_bytes(graph.op(op_of(n)))
             elif is_held(n):  # bytes a gradient-reducing op holds until the combined reduction
                 dims, vec = tables.held_bytes(graph.op(op_of(n)))
-            elif (kind := span_kind(n)) is not None:  # a buffer live over a span (liveness.SPAN_KINDS)
+            elif is_relayout(n):  # a relayout copy waiting for its reduce-scatter (phases.collective_sequence)
+                dims, vec = tables.relayout_bytes(graph.op(op_of(n)))
+            elif (kind := span_kind(n)) is not None:  # a buffer live over a span (names.SPAN_KINDS)
                 dims, vec = kind.nbytes(tables, *kind.parts(n))
             elif is_layout_sized(n):  # a combined all-reduce's, a parameter's copy: by the whole layout, 0 here
                 continue
@@ -394,7 +397,7 @@ class LayoutModel:
                     coefs.append(int(c))
         return vars_, coefs, const
 
-    def add_memory_row(self, names: tuple[str, ...], limit: int, guard: bool | None = None) -> bool:
+    def add_memory_row(self, names: tuple[str, ...], limit: int, guard: frozenset[str] | None = None) -> bool:
         """Add ``bytes live at names <= limit``, for the layouts of one order only where ``guard``
         is not None (``search.orders.enforce``); False if no layout can satisfy it."""
         vars_, coefs, const = self.memory_expr(names)
@@ -405,7 +408,7 @@ class LayoutModel:
         return lowest <= limit or guard is not None
 
     def add_output_row(self, names: tuple[str, ...], temps: tuple[str, ...], free: tuple[str, ...],
-                       limit: int, guard: bool | None = None) -> None:
+                       limit: int, guard: frozenset[str] | None = None) -> None:
         """Add a linear relaxation of a point's bytes where the step's outputs are allocated for
         the whole call (``search.liveness.total_at``): its live bytes (``names``) plus the output
         allocations not yet written (``free``) less the bytes of the live temporaries (``temps``)

@@ -64,8 +64,8 @@ from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.bitcasts import is_rename
 from autolayout.costmodel.plan import SOURCES
 from autolayout.graph import Graph
-from autolayout.search.liveness import (floor_of, held, indices_of, live_peak_of, live_points, peak_of, total_at,
-                                        transient)
+from autolayout.search.liveness import floor_of, indices_of, live_peak_of, live_points, peak_of, total_at
+from autolayout.search.names import held, transient
 from autolayout.search.orders import enforce
 from autolayout.search.model import Decoded, LayoutModel, evaluate_time
 from autolayout.search.tables import Tables, share_bytes
@@ -429,10 +429,10 @@ def _add_rows(lm: LayoutModel, sizes: dict[str, int], points: list, at: int, lim
 
 def search_points(tables: Tables) -> list:
     """The live points the search holds the layouts of ``tables`` to (``liveness.live_points`` of
-    its graph on its hardware): those of both orders where a layout's order depends on whether it
-    reduces a gradient (``search.orders``)."""
+    its graph on its hardware): those of every order where a layout's order depends on how it
+    reduces its gradients (``search.orders``)."""
     return live_points(tables.graph, early=tables.hw.breadth_first_schedule,
-                       combines=tables.hw.combines_gradient_reductions, unreduced=tables.unreduced)
+                       combines=tables.hw.combines_gradient_reductions, orders=tables.orders)
 
 
 def memory_floor(tables: Tables, wus: list[WusParam], points: list) -> int:

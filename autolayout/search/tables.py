@@ -30,18 +30,19 @@ import numpy as np
 from autolayout.core import Mesh
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.memory import stored_itemsize
-from autolayout.costmodel.phases import phased_reductions
+from autolayout.costmodel.phases import pending_bytes, phased_reductions
 from autolayout.costmodel.bitcasts import is_bitcast, is_rename
 from autolayout.costmodel.broadcasts import broadcast_bytes
 from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.copies import copy_transient_bytes
+from autolayout.costmodel.gradients import COMBINED, REDUCTIONS
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
 from autolayout.costmodel.sharing import shared_providers, shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
-from autolayout.search.liveness import TRANSIENT_PARTS
+from autolayout.search.names import TRANSIENT_PARTS
 from autolayout.search.space import Assignment, Space
 
 __all__ = ["Group", "Tables", "share_bytes"]
@@ -93,10 +94,11 @@ class Tables:
         the orbit of its assignment; pass the same one to the tables of several remat policies
         of one step on one mesh and hardware to share them. ``graph`` is kept as ``hw``'s
         memory model walks it (``costmodel.order.memory_order``, as ``predict`` prices it), in the
-        order of a layout that reduces some gradient; ``unreduced`` in the other one's."""
+        order of a layout that all-reduces some gradient; ``orders`` maps each way a layout may reduce
+        its gradients (``gradients.REDUCTIONS``) to its order's graph (``search.orders``)."""
         self.graph, self.mesh, self.hw = memory_order(graph, hw), mesh, hw
-        # the order of a layout that reduces no gradient (search.orders); self.graph where the same
-        self.unreduced = memory_order(graph, hw, gradients_reduced=False)
+        # the order of each way of reducing the gradients (search.orders); self.graph where the same
+        self.orders = {r: self.graph if r == COMBINED else memory_order(graph, hw, reduction=r) for r in REDUCTIONS}
         self.combined_sizes: dict = {}  # search.warm.sizes_of's combined all-reduces, per assignment
         self.fast_mesh = _FastMesh(mesh.axes)
         self.space = Space(graph, mesh, regions=regions)
@@ -118,6 +120,7 @@ class Tables:
         self._transient: dict[str, np.ndarray] = {}
         self._transient_sum: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         self._phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # partial, result, relayout
+        self._pending: dict[str, np.ndarray] = {}  # phases.pending_bytes
         self._gathered: dict[tuple[str, str], np.ndarray] = {}
         self._bitcasts: dict[str, np.ndarray] = {}
         self._stored: dict = {}  # stored_bytes, kept_bytes and recomputed_bytes: by tensor or (tensor, reader)
@@ -286,6 +289,23 @@ class Tables:
             relayout = np.array([oc.relayout_bytes for oc in costs], dtype=np.int64)
             hit = self._phases[op.name] = (partial, result, relayout)
         return (dims, *hit[:2])
+
+    def pending_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: what a split reduction's partial sums add while they wait for a
+        later collective (``phases.pending_bytes`` of its :meth:`phase_bytes`, relayout copy and
+        output bytes, as ``predict`` counts them), for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._pending.get(op.name)
+        if hit is None:
+            self.phase_bytes(op)
+            partial, _, relayout = self._phases[op.name]
+            g = self.group(dims)
+            t = self.graph.tensor(op.name)
+            out_dims, out_bytes = self.tensor_dims(t), self.tensor_bytes(t)
+            hit = self._pending[op.name] = np.array(
+                [pending_bytes(partial[i], relayout[i], out_bytes[self.restrict(g.axes_of(i), out_dims)])
+                 for i in range(len(g.assignments))], dtype=np.int64)
+        return dims, hit
 
     def relayout_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the part of a split reduction's partial bytes (:meth:`phase_bytes`)

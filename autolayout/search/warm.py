@@ -10,8 +10,9 @@ from autolayout.costmodel.combine import combined_all_reduces, held_pairs
 from autolayout.costmodel.donations import copied_parameters, donated_readers
 from autolayout.costmodel.plan import SOURCES, plan
 from autolayout.costmodel.phases import phased_reductions
-from autolayout.search.liveness import (SPAN_KINDS, combined, held, indices_of, param_copy, partial, peak_of,
-                                        reduces_gradient, relayout, result, total_at, transient, transient_part)
+from autolayout.search.liveness import indices_of, peak_of, reduction_of, total_at
+from autolayout.search.names import (SPAN_KINDS, combined, held, param_copy, partial, relayout, result, transient,
+                                     transient_part)
 from autolayout.costmodel.overlap import step_time
 from autolayout.search.model import Decoded, canonical_columns, evaluate_time, layout_terms
 from autolayout.search.tables import Tables
@@ -40,19 +41,18 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
         sizes[partial(name)], sizes[result(name)] = int(part[k]), int(res[k])
         sizes[relayout(name)] = int(tables.relayout_bytes(tables.graph.op(name))[1][k])  # a buffer of its own
     early = tables.hw.breadth_first_schedule
-    for kind in SPAN_KINDS:  # buffers live over a span, in both orders' graphs
-        for graph in (tables.graph, tables.unreduced):
+    for kind in SPAN_KINDS:  # buffers live over a span, in every order's graph
+        for graph in dict.fromkeys(tables.orders.values()):
             for members in kind.spans(graph, early).values():
                 for a, b, _, _ in members:
-                    x, y = kind.key(a, b)
-                    dims, vec = kind.nbytes(tables, x, y)
-                    sizes[kind.name(x, y)] = int(vec[tables.restrict(point.axes_of, dims)])
+                    parts = kind.key(a, b)
+                    dims, vec = kind.nbytes(tables, *parts)
+                    sizes[kind.name(*parts)] = int(vec[tables.restrict(point.axes_of, dims)])
     for k, j in point.active:
         o = wus[k].options[j]
         for n, b in (*o.dbytes.items(), *o.dparts.items()):
             sizes[n] = sizes.get(n, 0) + b
-    sizes.update(_combined_sizes(tables, point, tables.graph if reduces_gradient(tables.graph, sizes)
-                                 else tables.unreduced))
+    sizes.update(_combined_sizes(tables, point, tables.orders[reduction_of(tables.graph, sizes)], sizes))
     # the donated parameters XLA copies under this layout (costmodel.donations, as predict counts them)
     copied = copied_parameters(tables.graph, point.axes_of, {q: stage for q, (_, stage) in point.wus.items()},
                                tables.hw)
@@ -61,27 +61,23 @@ def sizes_of(tables: Tables, wus: list[WusParam], point: Decoded) -> dict[str, i
     return sizes
 
 
-def _combined_sizes(tables: Tables, point: Decoded, graph) -> dict[str, int]:
-    """The :func:`~autolayout.search.liveness.combined` names of ``point``'s layout: the held bytes
+def _combined_sizes(tables: Tables, point: Decoded, graph, sizes: dict[str, int]) -> dict[str, int]:
+    """The :func:`~autolayout.search.names.combined` names of ``point``'s layout: the held bytes
     of each member of a combined all-reduce at its last member
     (``costmodel.combine.combined_all_reduces`` of the layout's plan, as ``predict`` counts them;
-    storage options do not change which ops all-reduce over which axes), in ``graph``, the order
-    of the layout (``Tables.unreduced`` where it reduces no gradient: ``search.orders``). Cached
-    per assignment and order."""
+    storage options do not change which ops all-reduce over which axes, but may make a member's
+    held bytes 0: ``sizes``, the layout's with its storage options), in ``graph``, the order of
+    the layout (``Tables.orders``: ``search.orders``). The members are cached per assignment and
+    order."""
     if not (tables.hw.combines_gradient_reductions and held_pairs(graph)):
         return {}
     cache = tables.combined_sizes
-    key = (tuple(sorted(point.axes_of.items())), graph is tables.graph)
+    key = (tuple(sorted(point.axes_of.items())), id(graph))
     if key not in cache:
         p = plan(graph, tables.mesh, tables.space.layout_of(point.axes_of))
-        out = {}
-        for groups in combined_all_reduces(graph, p.ops, tables.hw).values():
-            for _, ops in groups:
-                for m in ops[:-1]:
-                    dims, vec = tables.held_bytes(graph.op(m))
-                    out[combined(m, ops[-1])] = int(vec[tables.restrict(point.axes_of, dims)])
-        cache[key] = out
-    return cache[key]
+        cache[key] = tuple((m, ops[-1]) for groups in combined_all_reduces(graph, p.ops, tables.hw).values()
+                           for _, ops in groups for m in ops[:-1])
+    return {combined(m, last): sizes.get(held(m), 0) for m, last in cache[key]}
 
 
 def greedy(tables: Tables, wus: list[WusParam], points: list | None = None, limit: int = 0) -> Decoded:

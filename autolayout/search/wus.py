@@ -22,8 +22,8 @@ builds the shard, and this module records
   sums them;
 * ``dbytes`` — per-tensor change of local bytes, and the change of the transient bytes
   of the ops it touches (:attr:`~autolayout.costmodel.reductions.ReductionBytes.transient`: gathered
-  inputs, partial sums reduce-scattered; :func:`~autolayout.search.liveness.transient`) and
-  of the copies they convert for later readers too (:func:`~autolayout.search.liveness.gathered`).
+  inputs, partial sums reduce-scattered; :func:`~autolayout.search.names.transient`) and
+  of the copies they convert for later readers too (:func:`~autolayout.search.names.gathered`).
 
 In the CP-SAT model each option is a boolean ``w[p, o] <= y[D_p, a(o)]``, at most
 one per parameter: the solver may pick option ``o`` exactly when the layout
@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 
 from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import stored_itemsize
-from autolayout.costmodel.phases import phased_reductions
+from autolayout.costmodel.phases import pending_bytes, phased_reductions
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.liveness import (gathered, held as held_name, partial as partial_name, relayout as relayout_name,
-                                       result as result_name, transient, transient_part)
+from autolayout.search.names import (gathered, held as held_name, partial as partial_name, pending as pending_name,
+                                     relayout as relayout_name, result as result_name, transient, transient_part)
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -58,12 +58,11 @@ class WusOption:
     index: int  # assignment index in the group of WusParam.dims
     axes: tuple[str, ...]  # U, mesh order
     dtime: float  # seconds per step (negative = faster)
-    dbytes: dict  # tensor name (or transient(op)) -> change of its local bytes
+    dbytes: dict  # live-set name (a tensor, transient(op), relayout(op), pending(op), ...) -> change of its bytes
     stage: int = 1
     dover: dict = field(default_factory=dict)  # overlap domain -> change of (overlappable - compute)
-    # liveness.transient_part(op, k) -> change of that buffer of the op's transient bytes (their sum
-    # is dbytes[transient(op)]), liveness.relayout(op) -> change of the relayout copy in its partial
-    # bytes; sizes, not live-set names: search.warm.sizes_of applies them
+    # names.transient_part(op, k) -> change of that buffer of the op's transient bytes (their sum
+    # is dbytes[transient(op)]); sizes, not live-set names: search.warm.sizes_of applies them
     dparts: dict = field(default_factory=dict)
 
 
@@ -280,8 +279,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
                     dbytes[gathered(name, graph.op(name).inputs[k])] = b
-                if name in phased and hit[6]:  # its relayout copy, placed apart (a size, like dparts)
-                    dparts[relayout_name(name)] = hit[6]
+                if name in phased and hit[6]:  # its relayout copy, placed apart (a live-set name too)
+                    dbytes[relayout_name(name)] = hit[6]
                 if name in phased and hit[5][0] != hit[5][1]:  # a split (or deferred) reduction's phases
                     dbytes[partial_name(name)] = hit[5][0] - hit[5][1]
                     if bool(hit[5][0]) != bool(hit[5][1]):  # the output: none while partial sums are written
@@ -297,6 +296,9 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     diff = tbytes[key] = _stored_delta(tables, sharded, n, axes_of)
                 if diff:
                     dbytes[n] = diff
+            for name, odims, static, mult, dom in f.ops:  # partial sums waiting for a later collective
+                if name in phased:
+                    _pending_delta(tables, graph.op(name), axes_of, dbytes)
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
                    tuple(sorted((d, round(v, 15)) for d, v in dover.items())), tuple(sorted(dparts.items())))
             if sig in seen and seen[sig][0] == U:
@@ -304,6 +306,22 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
             seen[sig] = (U, stage)
             out.append((WusOption(index, U, dtime, dbytes, stage, dover, dparts), f.op_names))
     return out
+
+
+def _pending_delta(tables: Tables, op, axes_of: dict, dbytes: dict) -> None:
+    """Add to ``dbytes`` the change of split reduction ``op``'s ``phases.pending_bytes`` under a
+    storage option whose other changes ``dbytes`` holds (its partial sums, relayout copy and
+    output bytes), from its bytes under ``axes_of`` alone (``Tables.pending_bytes``)."""
+    dims, vec = tables.pending_bytes(op)
+    k = tables.restrict(axes_of, dims)
+    _, part, _ = tables.phase_bytes(op)
+    relay = tables.relayout_bytes(op)[1][k]
+    t = tables.graph.tensor(op.name)
+    res = int(tables.tensor_bytes(t)[tables.restrict(axes_of, tables.tensor_dims(t))])
+    new = pending_bytes(int(part[k]) + dbytes.get(partial_name(op.name), 0),
+                        int(relay) + dbytes.get(relayout_name(op.name), 0), res + dbytes.get(op.name, 0))
+    if new != int(vec[k]):
+        dbytes[pending_name(op.name)] = new - int(vec[k])
 
 
 def _span_delta(inputs: tuple[str, ...], new: dict, old: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
