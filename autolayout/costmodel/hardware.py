@@ -218,6 +218,10 @@ class Hardware:
             operands runs in float32, so that its operands and result are held in float32
             buffers (:func:`~autolayout.costmodel.memory.stored_itemsize`); see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_HALF_DOTS`.
+        upcasts_half_collectives: whether a collective of a half-precision value runs in
+            float32, between a convert to float32 and one back, so that an all-gather's buffer
+            is float32 (:func:`~autolayout.costmodel.reductions.half_gathers`); see
+            :data:`~autolayout.costmodel.profiles.SRC_CPU_HALF_COLLECTIVES`.
         breadth_first_schedule: whether the compiler schedules each computation breadth
             first, so that the collectives of the step's arguments run at its start and their
             copies are held from there (:func:`~autolayout.costmodel.sharing.spans`), and the
@@ -261,6 +265,7 @@ class Hardware:
     reduce_scatter_copies: bool = False  # SRC_CPU_GRADIENT_REDUCTIONS: measured on XLA:CPU
     upcasts_half_dots: bool = False  # SRC_CPU_HALF_DOTS: XLA:CPU; accelerators run half dots natively
     breadth_first_schedule: bool = False  # SRC_CPU_SCHEDULE: XLA:CPU; accelerators hide latency instead
+    upcasts_half_collectives: bool = False  # SRC_CPU_HALF_COLLECTIVES: XLA:CPU; accelerators move bf16 natively
     ynn_reductions: bool = False  # SRC_CPU_YNN: XLA:CPU; accelerators fuse a broadcast into its readers
     copies_donated_parameters: bool = False  # SRC_CPU_DONATED_COPIES: XLA:CPU; XLA:GPU does not follow the rule
 
@@ -361,6 +366,7 @@ class Hardware:
             "reduce_scatter_copies": self.reduce_scatter_copies,
             "upcasts_half_dots": self.upcasts_half_dots,
             "breadth_first_schedule": self.breadth_first_schedule,
+            "upcasts_half_collectives": self.upcasts_half_collectives,
             "ynn_reductions": self.ynn_reductions,
             "copies_donated_parameters": self.copies_donated_parameters,
         }

@@ -114,7 +114,7 @@ from autolayout.costmodel.phases import pending_bytes, pending_spans, Phases, af
 from autolayout.costmodel.plan import grad_of
 from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.reductions import FLOAT32_BYTES, HALF, upcasts
-from autolayout.costmodel.sharing import spans as shared_spans
+from autolayout.costmodel.sharing import gather_buffer_spans, replaced_by_copy, spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
 __all__ = ["peak_memory", "stored_itemsize", "stored_bytes"]
@@ -180,7 +180,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 recomputed: Mapping[tuple[str, str], int] | None = None,
                 temp_parts: Mapping[str, tuple[int, ...]] | None = None,
                 param_copies: Mapping[str, int] | None = None,
-                relayouts: Mapping[str, int] | None = None) -> tuple[int, dict]:
+                relayouts: Mapping[str, int] | None = None,
+                gather_buffers: Mapping[str, Mapping[str, int]] | None = None) -> tuple[int, dict]:
     """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
@@ -215,12 +216,17 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     placed on its own in an output allocation not yet written (:func:`_output_peak`).
     ``param_copies[param]``: the bytes of XLA's copy of a donated parameter
     (``donations.param_copy_spans``, counted as ``params``; absent where it is updated in place).
-    ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.ReductionBytes.relayout``), placed apart."""
+    ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.ReductionBytes.relayout``), placed apart.
+    ``gather_buffers[op][tensor]``: the float32 buffer of the all-gather of a converted copy of
+    ``gathered`` (``reductions.half_gathers``), live where the conversion runs. A copy that takes
+    its tensor's place (``sharing.replaced_by_copy``) counts less the tensor's bytes."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    spans = _spans(graph, copies or {}, gathered or {}, early, kept or {}, broadcasts or {}, recomputed or {},
-                   param_copies or {})
+    gathered = {prov: {t: (max(b - size.get(t, 0), 0) if (prov, t) in replaced_by_copy(graph) else b)
+                       for t, b in copies_of.items()} for prov, copies_of in (gathered or {}).items()}
+    spans = _spans(graph, copies or {}, gathered, early, kept or {}, broadcasts or {}, recomputed or {},
+                   param_copies or {}, gather_buffers or {})
     pending = {}  # partial sums waiting for a later collective (phases.pending_spans)
     for loop, group in pending_spans(graph).items():
         for op, _, start, stop in group:
@@ -466,11 +472,12 @@ def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
 
 def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mapping[str, Mapping[str, int]],
            early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int],
-           recomputed: Mapping[tuple[str, str], int], param_copies: Mapping[str, int]
-           ) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           recomputed: Mapping[tuple[str, str], int], param_copies: Mapping[str, int],
+           gather_buffers: Mapping[str, Mapping[str, int]]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``),
-    the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``), operands
+    the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``, and their
+    all-gathers' float32 buffers where the conversion runs, ``sharing.gather_buffer_spans``), operands
     kept for renames that are bitcasts and sources kept for recomputed values
     (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``, ``"kept"``) and broadcasts XLA
     writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and XLA's copies of donated parameters
@@ -480,6 +487,11 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
             b = gathered.get(prov, {}).get(t, 0)
+            if b:
+                out.setdefault(loop, []).append((start, stop, b, "gathered"))
+    for loop, group in gather_buffer_spans(graph, early).items():
+        for prov, t, start, stop in group:
+            b = gather_buffers.get(prov, {}).get(t, 0)
             if b:
                 out.setdefault(loop, []).append((start, stop, b, "gathered"))
     for loop, group in kept_spans(graph).items() if kept else ():

@@ -135,6 +135,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     relayouts: dict[str, int] = {}  # their relayout copies, a buffer of their own (reductions.ReductionBytes.relayout)
     copies: dict[str, tuple[int, ...]] = {}
     gathered: dict[str, dict[str, int]] = {}  # conversions shared by later readers (sharing.shared_reads)
+    buffers: dict[str, dict[str, int]] = {}  # their all-gathers' own buffers (reductions.half_gathers)
     renamed: dict[str, int] = {}  # renames: their collectives (bitcasts.is_bitcast)
     compute = comm = flops = comm_bytes = mm_flops = 0.0
     linear = overlapped = 0.0  # compute + exposed comm; comm that may run behind compute
@@ -157,6 +158,8 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
             copies[op.name] = oc.operand_copy_bytes
         if any(oc.span_bytes):
             gathered[op.name] = {t: b for t, b in zip(op.inputs, oc.span_bytes) if b}
+        if any(oc.gather_buffer_bytes):  # float32 all-gather buffers of half-precision conversions
+            buffers[op.name] = {t: b for t, b in zip(op.inputs, oc.gather_buffer_bytes) if b}
         if is_rename(op):
             renamed[op.name] = len(oc.collectives)
         lin, parts = split(oc, op, overlap)
@@ -204,7 +207,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
                                      combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
                                      recomputed=recomputed, temp_parts=temp_parts, param_copies=param_copies,
-                                     relayouts=relayouts)
+                                     relayouts=relayouts, gather_buffers=buffers)
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

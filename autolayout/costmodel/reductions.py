@@ -14,11 +14,12 @@ import numpy as np
 from autolayout.core import Mesh
 from autolayout.costmodel.dotcopy import operand_copy_elements
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.placement import ALL_REDUCE, REDUCE_SCATTER
+from autolayout.costmodel.placement import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from autolayout.costmodel.plan import OpPlan
 from autolayout.graph import Op
 
-__all__ = ["ReductionBytes", "reduction_bytes", "operand_copy_bytes", "upcasts", "HALF", "FLOAT32_BYTES"]
+__all__ = ["ReductionBytes", "reduction_bytes", "HalfGathers", "half_gathers", "operand_copy_bytes", "upcasts", "HALF",
+           "FLOAT32_BYTES"]
 
 HALF = ("bfloat16", "float16")  # the half-precision dtypes (numpy names)
 FLOAT32_BYTES = 4  # np.dtype("float32").itemsize
@@ -118,6 +119,55 @@ def _relayout(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware, sums: int) -> i
         if any(s.kind == REDUCE_SCATTER and s.dim and [s.dim] != lead for s in p.out_steps):
             return int(sums)
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfGathers:
+    """What the all-gathers of an op's half-precision inputs hold on a backend that runs them in
+    float32 (:func:`half_gathers`): ``span_bytes``, the plan's ``span_bytes`` with the converted
+    copies it holds for later readers at their size; ``extra``, the bytes the op holds while it
+    runs beyond the plan's ``temp_bytes`` for the conversions it holds itself; ``buffers``, per
+    input held for later readers, the float32 all-gather buffer, live where the conversion runs
+    (``sharing.spans``' start) until its convert."""
+
+    span_bytes: Mapping[str, int]
+    extra: int
+    buffers: Mapping[str, int]
+
+
+def half_gathers(p: OpPlan, op: Op, mesh: Mesh, hardware: Hardware) -> HalfGathers:
+    """:class:`HalfGathers` of the op planned as ``p``: where ``hardware.upcasts_half_collectives``
+    (XLA:CPU: ``profiles.SRC_CPU_HALF_COLLECTIVES``), each input of a half-precision dtype that
+    ``p`` converts with an all-gather is gathered in float32, a convert before the collective and
+    one back after: the gathered buffer is float32 (twice a bfloat16 copy) and lives until that
+    convert, and the converted copy is float32 where the op is a contraction that
+    ``hardware.upcasts_half_dots`` runs in float32 (the convert back and the dot's convert to
+    float32 are one fusion: ``convert_bitcast_fusion.1``, f32, read by both dots of the measured
+    step), else of the input's dtype. Elsewhere the plan's bytes as they are.
+
+    Example::
+
+        half_gathers(plan(g, mesh, "batch:data|*:data@3").ops["dot_general_1"], g.op("dot_general_1"),
+                     mesh, get_hardware("cpu"))   # examples/linen_bf16_mlp.py's second dot
+    """
+    span, extra, buffers = dict(p.span_bytes), 0, {}
+    if not hardware.upcasts_half_collectives:
+        return HalfGathers(span, 0, buffers)
+    dtypes = dict(zip(op.inputs, op.input_dtypes or ()))
+    sizes = {d.name: d.size for shape in (op.dims, *op.input_shapes) for d in shape}
+    wide = hardware.upcasts_half_dots and upcasts(op)
+    for name, c in p.conversions.items():
+        if dtypes.get(name) not in HALF or not any(s.kind == ALL_GATHER for s in c.steps):
+            continue
+        elements = c.dst.local_elements(sizes, mesh)
+        half = elements * np.dtype(dtypes[name]).itemsize  # what the plan counts, at the input's dtype
+        converted = elements * FLOAT32_BYTES if wide else half
+        if name in span:
+            span[name] = converted
+            buffers[name] = elements * FLOAT32_BYTES
+        else:  # at the op: the float32 gathered buffer and the converted copy, live together at its convert
+            extra += elements * FLOAT32_BYTES + converted - half
+    return HalfGathers(span, int(extra), buffers)
 
 
 def operand_copy_bytes(op: Op, local: Mapping[str, int], hardware: Hardware) -> tuple[int, ...]:

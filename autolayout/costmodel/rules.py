@@ -23,6 +23,7 @@ alone, priced here — what ``predict`` sums for a layout without update shards.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -31,7 +32,7 @@ from autolayout.core import Dim, Mesh
 from autolayout.costmodel.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time
 from autolayout.costmodel.dotcopy import copy_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.reductions import operand_copy_bytes, reduction_bytes
+from autolayout.costmodel.reductions import half_gathers, operand_copy_bytes, reduction_bytes
 from autolayout.costmodel.overlap import NO_OVERLAP, Overlap
 from autolayout.costmodel.placement import Step
 from autolayout.costmodel.plan import REDUCING, SOURCES, OpPlan, Planner, check_op
@@ -107,6 +108,10 @@ class OpCost:
     # the part of partial_bytes that is XLA:CPU's relayout copy before a reduce-scatter, a buffer of
     # its own (:attr:`~autolayout.costmodel.reductions.ReductionBytes.relayout`)
     relayout_bytes: int = 0
+    # per operand held for later readers (span_bytes), the float32 buffer of its all-gather where the
+    # backend gathers half-precision values in float32, live where the conversion runs
+    # (:attr:`~autolayout.costmodel.reductions.HalfGathers.buffers`); () where there is none
+    gather_buffer_bytes: tuple[int, ...] = ()
 
     def running_bytes(self, phased: bool) -> int:
         """The bytes the op holds where it runs: :attr:`transient_bytes`, or for an op the memory
@@ -194,13 +199,17 @@ def price(p: OpPlan, graph_op: Op, mesh: Mesh, hw: Hardware, overlap: Overlap = 
         compute += copy_bytes(graph_op, local) / hw.hbm_bandwidth  # a copy kernel of its own (memory-bound)
         copies = operand_copy_bytes(graph_op, local, hw)
     local = tuple(Dim(n, p.out.local_size(n, sizes[n], mesh)) for n in p.out.dims)
+    hg = half_gathers(p, graph_op, mesh, hw)  # half-precision all-gathers run in float32 (XLA:CPU)
+    if hg.extra or hg.buffers:
+        p = dataclasses.replace(p, temp_bytes=p.temp_bytes + hg.extra, span_bytes=hg.span_bytes)
     rb = reduction_bytes(p, graph_op, mesh, hw)  # the inputs it converts, its partial sums and their copy
     return OpCost(p.op, local, p.flops, hbm_bytes, compute, colls, sum(c.time_s for c in colls),
                   sum(c.time_s for c in colls if c.overlapped),
                   sum(c.time_s for c in colls if c.overlapped and c.tensor in overlap.beside),
                   rb.transient, rb.held, copies,
                   tuple(p.span_bytes.get(i, 0) for i in graph_op.inputs) if p.span_bytes else (),
-                  rb.partial, rb.contraction, rb.converted, rb.relayout)
+                  rb.partial, rb.contraction, rb.converted, rb.relayout,
+                  tuple(hg.buffers.get(i, 0) for i in graph_op.inputs) if hg.buffers else ())
 
 
 def _sizes(op: Op) -> dict[str, int]:

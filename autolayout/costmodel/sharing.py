@@ -11,7 +11,8 @@ from autolayout.costmodel.regions import regions
 from autolayout.costmodel.storage import update_ops
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["SOURCES", "held_whole", "shared_reads", "shared_providers", "spans"]
+__all__ = ["SOURCES", "held_whole", "shared_reads", "shared_providers", "spans", "gather_buffer_spans",
+           "from_arguments", "replaced_by_copy"]
 
 SOURCES = ("input", "param", "opt_state")
 
@@ -63,8 +64,11 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
 
     A conversion of a value that is there for the whole computation (a step argument, a value
     from outside a scan's body, the body's slice of a stacked input) starts where XLA schedules
-    it, at the start of the computation (:func:`_ready_at`), not at its first reader: such a
-    group, even of one op, has a span from there.
+    it, at the start of the computation (:func:`_ready_at`), not at its first reader, and one of
+    a top-level value computed from the step's arguments alone (a parameter's cast to bfloat16)
+    right after that value: such a group, even of one op, has a span from there (in every order,
+    so that the plan, which reads the traced graph's groups, and the memory model, which walks a
+    backend's order, agree on which conversions are spans).
     """
     regs = regions(graph)
     skip = update_ops(graph)
@@ -92,7 +96,7 @@ def shared_reads(graph: Graph) -> tuple[Mapping[tuple[str, str], str],
         first = min(at[o] for o in ops)
         ready = _ready_at(graph, loop, t, at)
         start = first if ready is None else min(ready, first)
-        if len(ops) < 2 and start == at[ops[0]]:
+        if len(ops) < 2 and ready is None:
             continue  # one reader converting where it runs: the op's own transient bytes
         for o in ops[1:]:
             sharing[(o, t)] = ops[0]
@@ -114,15 +118,36 @@ def _ready_at(graph: Graph, loop: str | None, t: str, at: Mapping[str, int]) -> 
     ``benchmarks/memory_vs_xla.py`` (the mlp, ``transformer_lm`` and ``llama``, at the top level
     and in both scans' bodies): every all-gather of a weight runs at the start of its
     computation, and its buffer lives from there to its last reader. The original stays live
-    through the computation either way, so the early copy adds its bytes over that span."""
+    through the computation either way, so the early copy adds its bytes over that span. A
+    top-level value computed from the step's arguments alone (:func:`from_arguments`: a
+    parameter's cast to bfloat16 in a mixed-precision step) is queued when its producer leaves
+    the queue, so its all-gather runs right after it (the ZeRO-3 step of
+    ``examples/linen_bf16_mlp.py``: both weights' all-gathers before the first dot), not where
+    its first reader runs."""
     if loop is None:
-        return 0 if graph.tensor(t).role in ("input", "param", "opt_state") else None
+        if graph.tensor(t).role in SOURCES:
+            return 0
+        return at[t] + 1 if t in at and t in from_arguments(graph) else None
     if t not in at:
         return 0
     op = graph.op(t)
     if op.kind == "reshape" and op.fn == "slice" and all(i not in at for i in op.inputs):
         return at[t] + 1
     return None
+
+
+@lru_cache(maxsize=256)
+def from_arguments(graph: Graph) -> frozenset[str]:
+    """The top-level tensors computed from the step's arguments alone: each input of their
+    producer an input, parameter or optimizer state or such a tensor (an op without inputs, a
+    constant, excludes its readers). Their conversions run early (:func:`_ready_at`)."""
+    out: set[str] = set()
+    for name in graph.order:
+        op = graph.op(name)
+        if op.loop is None and op.kind not in SOURCES and op.inputs and all(
+                graph.tensor(i).role in SOURCES or i in out for i in op.inputs):
+            out.add(name)
+    return frozenset(out)
 
 
 @lru_cache(maxsize=256)
@@ -144,3 +169,42 @@ def spans(graph: Graph, early: bool) -> Mapping[str | None, tuple[tuple[str, str
         at = {u: i for i, u in enumerate(graph.schedule) if not isinstance(u, Loop)}
         out[None] = tuple((p, t, at[p], stop) for p, t, _, stop in out[None])
     return out
+
+
+@lru_cache(maxsize=512)
+def gather_buffer_spans(graph: Graph, early: bool) -> Mapping[str | None, tuple[tuple[str, str, int, int], ...]]:
+    """For each span of :func:`spans`, ``(provider, tensor, start, start)``: where its conversion
+    all-gathers a half-precision value in float32 (``reductions.half_gathers``), the collective's
+    own buffer, live where the conversion runs until its convert (the next instructions of a
+    breadth-first order; measured: ``all_gather_invariant.29``, positions 27-33 of the linen bf16
+    MLP's ZeRO-3 step, freed at ``convert_bitcast_fusion.1``). ``predict``'s peak memory and the
+    search's live sets both read this."""
+    return {loop: tuple((p, t, start, start) for p, t, start, _ in group)
+            for loop, group in spans(graph, early).items()}
+
+
+@lru_cache(maxsize=256)
+def replaced_by_copy(graph: Graph) -> frozenset[tuple[str, str]]:
+    """The ``(provider, tensor)`` spans of :func:`shared_reads` whose converted copy takes the
+    tensor's place: a top-level value the step computes (not an argument, not one of its
+    outputs) that no op outside the group reads. Its last reader is then the conversion itself,
+    so XLA frees it where the conversion runs (the ZeRO-3 step of ``examples/linen_bf16_mlp.py``:
+    the cast shard of each weight, ``convert_bitcast_fusion.2``, is read by its all-gather alone
+    and freed there), while the model's lifetime of the value, which does not depend on the
+    layout, runs to the group's last reader: the span counts the copy less the value's bytes
+    (``memory.peak_memory``; ``search.tables.Tables.gathered_bytes``), the value's own buffer
+    standing in for that part of the copy."""
+    sharing, spans_ = shared_reads(graph)
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    readers: dict[str, set[str]] = {}
+    for op in graph.ops():
+        for t in op.inputs:
+            readers.setdefault(t, set()).add(op.name)
+    out = set()
+    for prov, t, _, _ in spans_.get(None, ()):
+        if graph.tensor(t).role in SOURCES or t in outputs:
+            continue
+        group = {prov} | {o for (o, u), p in sharing.items() if u == t and p == prov}
+        if readers.get(t, set()) <= group:
+            out.add((prov, t))
+    return frozenset(out)

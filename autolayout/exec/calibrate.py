@@ -491,6 +491,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         reduce_scatter_copies=platform == "cpu",
         # XLA:CPU runs half-precision dots in float32 (profiles.SRC_CPU_HALF_DOTS)
         upcasts_half_dots=platform == "cpu",
+        upcasts_half_collectives=platform == "cpu",  # profiles.SRC_CPU_HALF_COLLECTIVES
         # XLA:CPU schedules breadth first (profiles.SRC_CPU_SCHEDULE)
         breadth_first_schedule=platform == "cpu",
         # XLA:CPU's YNNPACK reductions read broadcasts from memory (profiles.SRC_CPU_YNN)

@@ -18,12 +18,12 @@ from autolayout.costmodel.broadcasts import broadcast_spans
 from autolayout.costmodel.copies import copy_spans
 from autolayout.costmodel.phases import pending_spans
 from autolayout.costmodel.recomputed import recomputed_spans
-from autolayout.costmodel.sharing import spans as shared_spans
+from autolayout.costmodel.sharing import gather_buffer_spans, spans as shared_spans
 from autolayout.graph import Graph
 
 __all__ = ["transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS", "held",
            "is_held", "partial", "is_partial", "result", "is_result", "relayout", "is_relayout", "pending",
-           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "op_of",
+           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "gather_buffer", "op_of",
            "combined", "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast",
            "broadcast_of", "recomputed", "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS",
            "span_kind", "param_copy", "is_param_copy", "donor", "is_donor", "donor_param", "is_layout_sized"]
@@ -44,6 +44,7 @@ _PARAM_COPY = "\x00param-copy:"
 _DONOR = "\x00donor:"
 _RELAYOUT = "\x00relayout:"
 _PENDING = "\x00pending:"
+_GATHER_BUFFER = "\x00gather-buffer:"
 
 
 def transient(op: str) -> str:
@@ -147,6 +148,13 @@ def gathered_tensor(name: str) -> str:
     return name[len(_GATHERED):].split("\x00", 1)[1]
 
 
+def gather_buffer(op: str, tensor: str) -> str:
+    """The name under which a live set lists the float32 buffer of the all-gather of the copy
+    :func:`gathered` names, where the conversion runs (``sharing.gather_buffer_spans``;
+    ``reductions.half_gathers``: 0 bytes but for a half-precision value gathered in float32)."""
+    return f"{_GATHER_BUFFER}{op}\x00{tensor}"
+
+
 def pending(op: str) -> str:
     """The name under which a live set lists the partial sums of split reduction ``op`` waiting
     for its collective run after a later unit (``phases.pending_spans``, sized by
@@ -240,6 +248,10 @@ SPAN_KINDS: tuple[SpanKind, ...] = (
     # a conversion later readers share, live from where it runs to the last of them
     SpanKind(shared_spans, lambda op, tensor: (op, tensor), gathered, lambda n: (op_of(n), gathered_tensor(n)),
              lambda t, op, tensor: t.gathered_bytes(t.graph.op(op), tensor), _GATHERED),
+    # that conversion's all-gather buffer, where it runs (a half-precision value gathered in float32)
+    SpanKind(gather_buffer_spans, lambda op, tensor: (op, tensor), gather_buffer,
+             lambda n: _parts(_GATHER_BUFFER, n), lambda t, op, tensor: t.gather_buffer_bytes(t.graph.op(op), tensor),
+             _GATHER_BUFFER),
     # an operand kept alive by renames that are bitcasts (the first rename's layout decides)
     SpanKind(lambda g, early: kept_spans(g), lambda src, renames: (src, renames[0]), kept, lambda n: kept_of(n),
              lambda t, src, rename: t.kept_bytes(src, rename), _KEPT),

@@ -39,7 +39,7 @@ from autolayout.costmodel.gradients import COMBINED, REDUCTIONS
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
 from autolayout.costmodel.placement import Placement
-from autolayout.costmodel.sharing import shared_providers, shared_reads
+from autolayout.costmodel.sharing import replaced_by_copy, shared_providers, shared_reads
 from autolayout.costmodel.rules import OpCost, op_cost
 from autolayout.graph import Graph, Op, Tensor
 from autolayout.search.names import TRANSIENT_PARTS
@@ -121,7 +121,8 @@ class Tables:
         self._transient_sum: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         self._phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # partial, result, relayout
         self._pending: dict[str, np.ndarray] = {}  # phases.pending_bytes
-        self._gathered: dict[tuple[str, str], np.ndarray] = {}
+        self._gathered: dict[tuple[str, str, bool], np.ndarray] = {}
+        self._gather_buffers: dict[tuple[str, str], np.ndarray] = {}  # reductions.half_gathers
         self._bitcasts: dict[str, np.ndarray] = {}
         self._stored: dict = {}  # stored_bytes, kept_bytes and recomputed_bytes: by tensor or (tensor, reader)
         self._copies: dict[tuple[str, int], np.ndarray] = {}
@@ -330,18 +331,36 @@ class Tables:
                 dtype=np.int64)
         return dims, hit
 
-    def gathered_bytes(self, op: Op, tensor: str) -> tuple[tuple[str, ...], np.ndarray]:
+    def gathered_bytes(self, op: Op, tensor: str, *, raw: bool = False) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy of ``tensor`` that ``op`` converts for later
         readers too, or early (``OpCost.span_bytes``: live over the span ``sharing.shared_reads``
-        gives, as ``predict`` counts it) for each assignment of the group
+        gives, as ``predict`` counts it), less ``tensor``'s own bytes where the copy takes its
+        place (``sharing.replaced_by_copy``; not where ``raw``), for each assignment of the group
         of its dims."""
         dims = self.space.order(self.views.op(op))
-        hit = self._gathered.get((op.name, tensor))
+        hit = self._gathered.get((op.name, tensor, raw))
         if hit is None:
             g = self.group(dims)
             k = op.inputs.index(tensor)
-            hit = self._gathered[(op.name, tensor)] = np.array(
-                [(self.op_cost(op, dims, a).span_bytes or (0,) * (k + 1))[k] for a in g.assignments], dtype=np.int64)
+            hit = np.array([(self.op_cost(op, dims, a).span_bytes or (0,) * (k + 1))[k] for a in g.assignments],
+                           dtype=np.int64)
+            if not raw and (op.name, tensor) in replaced_by_copy(self.graph):
+                hit = np.maximum(hit - self._regroup(self.graph.tensor(tensor), dims, stored=True), 0)
+            self._gathered[(op.name, tensor, raw)] = hit
+        return dims, hit
+
+    def gather_buffer_bytes(self, op: Op, tensor: str) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: the float32 buffer of the all-gather of :meth:`gathered_bytes`' copy,
+        where the backend gathers a half-precision value in float32 (``OpCost.gather_buffer_bytes``,
+        ``reductions.half_gathers``; 0 elsewhere), for each assignment of the group of its dims."""
+        dims = self.space.order(self.views.op(op))
+        hit = self._gather_buffers.get((op.name, tensor))
+        if hit is None:
+            g = self.group(dims)
+            k = op.inputs.index(tensor)
+            hit = self._gather_buffers[(op.name, tensor)] = np.array(
+                [(self.op_cost(op, dims, a).gather_buffer_bytes or (0,) * (k + 1))[k] for a in g.assignments],
+                dtype=np.int64)
         return dims, hit
 
     def stored_bytes(self, t: Tensor) -> tuple[tuple[str, ...], np.ndarray]:

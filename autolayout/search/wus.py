@@ -39,14 +39,16 @@ from dataclasses import dataclass, field
 from autolayout.core import STAGES, LayoutError
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.phases import pending_bytes, phased_reductions
+from autolayout.costmodel.sharing import replaced_by_copy
 from autolayout.costmodel.plan import Planner
 from autolayout.costmodel.recomputed import written
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.costmodel.rules import price
 from autolayout.costmodel.storage import StorageShard, gradient_walk, opt_state_of, storage_shard
 from autolayout.graph import Graph
-from autolayout.search.names import (gathered, held as held_name, partial as partial_name, pending as pending_name,
-                                     relayout as relayout_name, result as result_name, transient, transient_part)
+from autolayout.search.names import (gather_buffer, gathered, held as held_name, partial as partial_name,
+                                     pending as pending_name, relayout as relayout_name, result as result_name,
+                                     transient, transient_part)
 from autolayout.costmodel.overlap import domain_of, split
 from autolayout.search.tables import Tables, mesh_order
 
@@ -217,6 +219,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
     per-op changes by what those depend on."""
     graph, mesh, hw = tables.graph, tables.fast_mesh, tables.hw
     phased = phased_reductions(graph, hw.combines_gradient_reductions)
+    replaced = replaced_by_copy(graph)
     g = tables.group(dims)
     axes_of = g.axes_of(index)
     base = tables.space.base
@@ -263,9 +266,10 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                         {p: tuple(a - b for a, b in zip(priced.running_parts(p), rules_alone.running_parts(p)))
                          for p in (False, True)},
                         priced.held_bytes - rules_alone.held_bytes,
-                        _span_delta(op.inputs, plan.span_bytes, rules_alone.span_bytes),
+                        _span_delta(op.inputs, priced.span_bytes, rules_alone.span_bytes),
                         (priced.partial_bytes, rules_alone.partial_bytes),
-                        priced.relayout_bytes - rules_alone.relayout_bytes)
+                        priced.relayout_bytes - rules_alone.relayout_bytes,
+                        _span_delta(op.inputs, priced.gather_buffer_bytes, rules_alone.gather_buffer_bytes))
                 dtime += hit[0] * mult
                 for suffix, v in hit[1].items():
                     dover[dom + suffix] = dover.get(dom + suffix, 0.0) + v * mult
@@ -279,6 +283,8 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     dbytes[held_name(name)] = hit[3]
                 for k, b in hit[4]:  # by operand index: ops alike share the delta
                     dbytes[gathered(name, graph.op(name).inputs[k])] = b
+                for k, b in hit[7]:  # the float32 all-gather buffers of those copies (reductions.half_gathers)
+                    dbytes[gather_buffer(name, graph.op(name).inputs[k])] = b
                 if name in phased and hit[6]:  # its relayout copy, placed apart (a live-set name too)
                     dbytes[relayout_name(name)] = hit[6]
                 if name in phased and hit[5][0] != hit[5][1]:  # a split (or deferred) reduction's phases
@@ -296,9 +302,12 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
                     diff = tbytes[key] = _stored_delta(tables, sharded, n, axes_of)
                 if diff:
                     dbytes[n] = diff
-            for name, odims, static, mult, dom in f.ops:  # partial sums waiting for a later collective
-                if name in phased:
+            for name, odims, static, mult, dom in f.ops:
+                if name in phased:  # partial sums waiting for a later collective
                     _pending_delta(tables, graph.op(name), axes_of, dbytes)
+                for t in graph.op(name).inputs:  # a converted copy that takes its tensor's place
+                    if (name, t) in replaced:
+                        _replaced_delta(tables, graph.op(name), t, axes_of, dbytes)
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
                    tuple(sorted((d, round(v, 15)) for d, v in dover.items())), tuple(sorted(dparts.items())))
             if sig in seen and seen[sig][0] == U:
@@ -324,11 +333,31 @@ def _pending_delta(tables: Tables, op, axes_of: dict, dbytes: dict) -> None:
         dbytes[pending_name(op.name)] = new - int(vec[k])
 
 
-def _span_delta(inputs: tuple[str, ...], new: dict, old: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Per operand index, the change of the bytes an op converts for later readers too
-    (``OpPlan.span_bytes`` with the shard, ``OpCost.span_bytes`` under the rules alone)."""
-    old = old or (0,) * len(inputs)
-    return tuple((k, new.get(t, 0) - old[k]) for k, t in enumerate(inputs) if new.get(t, 0) != old[k])
+def _replaced_delta(tables: Tables, op, t: str, axes_of: dict, dbytes: dict) -> None:
+    """Set ``dbytes[gathered(op, t)]`` to the change of ``Tables.gathered_bytes`` of a copy that
+    takes ``t``'s place (``sharing.replaced_by_copy``: the copy less ``t``'s bytes) under a storage
+    option whose changes of the copy and of ``t``'s bytes ``dbytes`` holds, from its bytes under
+    ``axes_of`` alone."""
+    dims, raw = tables.gathered_bytes(op, t, raw=True)
+    k = tables.restrict(axes_of, dims)
+    tensor = tables.graph.tensor(t)
+    tdims, own = tables.stored_bytes(tensor)
+    old_t = int(own[tables.restrict(axes_of, tdims)])
+    name = gathered(op.name, t)
+    old = max(int(raw[k]) - old_t, 0)
+    new = max(int(raw[k]) + dbytes.get(name, 0) - old_t - dbytes.get(t, 0), 0)
+    if new != old:
+        dbytes[name] = new - old
+    else:
+        dbytes.pop(name, None)
+
+
+def _span_delta(inputs: tuple[str, ...], new: tuple[int, ...], old: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Per operand index, the change of an op's bytes per operand (``OpCost.span_bytes``, the
+    copies it converts for later readers too, or ``OpCost.gather_buffer_bytes``) with the shard
+    (``new``) from the rules alone (``old``)."""
+    new, old = new or (0,) * len(inputs), old or (0,) * len(inputs)
+    return tuple((k, n - o) for k, (n, o) in enumerate(zip(new, old)) if n != o)
 
 
 def _stored_delta(tables: Tables, sharded: Planner, name: str, axes_of: dict) -> int:
