@@ -305,7 +305,7 @@ def _options(tables: Tables, pname: str, dims: tuple, index: int, shards: _Shard
             for name, odims, static, mult, dom in f.ops:
                 if name in phased:  # partial sums waiting for a later collective
                     _pending_delta(tables, graph.op(name), axes_of, dbytes)
-                for t in graph.op(name).inputs:  # a converted copy that takes its tensor's place
+                for t in dict.fromkeys(graph.op(name).inputs):  # a converted copy that takes its tensor's place
                     if (name, t) in replaced:
                         _replaced_delta(tables, graph.op(name), t, axes_of, dbytes)
             sig = (round(dtime, 15), tuple(sorted(dbytes.items())),
