@@ -223,7 +223,8 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
-    gathered = {prov: {t: (max(b - size.get(t, 0), 0) if (prov, t) in replaced_by_copy(graph) else b)
+    replaced = replaced_by_copy(graph)
+    gathered = {prov: {t: (max(b - size.get(t, 0), 0) if (prov, t) in replaced else b)
                        for t, b in copies_of.items()} for prov, copies_of in (gathered or {}).items()}
     spans = _spans(graph, copies or {}, gathered, early, kept or {}, broadcasts or {}, recomputed or {},
                    param_copies or {}, gather_buffers or {})

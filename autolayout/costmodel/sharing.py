@@ -196,15 +196,9 @@ def replaced_by_copy(graph: Graph) -> frozenset[tuple[str, str]]:
     standing in for that part of the copy."""
     sharing, spans_ = shared_reads(graph)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
-    readers: dict[str, set[str]] = {}
-    for op in graph.ops():
-        for t in op.inputs:
-            readers.setdefault(t, set()).add(op.name)
-    out = set()
-    for prov, t, _, _ in spans_.get(None, ()):
-        if graph.tensor(t).role in SOURCES or t in outputs:
-            continue
-        group = {prov} | {o for (o, u), p in sharing.items() if u == t and p == prov}
-        if readers.get(t, set()) <= group:
-            out.add((prov, t))
-    return frozenset(out)
+    group: dict[tuple[str, str], set[str]] = {}  # (provider, tensor) -> the ops of its group
+    for (o, t), prov in sharing.items():
+        group.setdefault((prov, t), {prov}).add(o)
+    return frozenset((prov, t) for prov, t, _, _ in spans_.get(None, ())
+                     if graph.tensor(t).role not in SOURCES and t not in outputs
+                     and set(graph.consumers(t)) <= group.get((prov, t), {prov}))

@@ -119,7 +119,7 @@ class Tables:
         self._tensor_bytes: dict[tuple, np.ndarray] = {}
         self._transient: dict[str, np.ndarray] = {}
         self._transient_sum: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
-        self._phases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # partial, result, relayout
+        self._phases: dict[str, tuple[np.ndarray, ...]] = {}  # partial, result, relayout, output bytes
         self._pending: dict[str, np.ndarray] = {}  # phases.pending_bytes
         self._gathered: dict[tuple[str, str, bool], np.ndarray] = {}
         self._gather_buffers: dict[tuple[str, str], np.ndarray] = {}  # reductions.half_gathers
@@ -285,10 +285,10 @@ class Tables:
             out_dims, out_bytes = self.tensor_dims(t), self.tensor_bytes(t)
             costs = [self.op_cost(op, dims, a) for a in g.assignments]
             partial = np.array([oc.partial_bytes for oc in costs], dtype=np.int64)
-            result = np.array([0 if partial[i] else out_bytes[self.restrict(g.axes_of(i), out_dims)]
-                               for i in range(len(g.assignments))], dtype=np.int64)
+            output = out_bytes[[self.restrict(g.axes_of(i), out_dims) for i in range(len(g.assignments))]]
+            result = np.where(partial > 0, 0, output)
             relayout = np.array([oc.relayout_bytes for oc in costs], dtype=np.int64)
-            hit = self._phases[op.name] = (partial, result, relayout)
+            hit = self._phases[op.name] = (partial, result, relayout, output)
         return (dims, *hit[:2])
 
     def pending_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
@@ -298,14 +298,10 @@ class Tables:
         dims = self.space.order(self.views.op(op))
         hit = self._pending.get(op.name)
         if hit is None:
-            self.phase_bytes(op)
-            partial, _, relayout = self._phases[op.name]
-            g = self.group(dims)
-            t = self.graph.tensor(op.name)
-            out_dims, out_bytes = self.tensor_dims(t), self.tensor_bytes(t)
-            hit = self._pending[op.name] = np.array(
-                [pending_bytes(partial[i], relayout[i], out_bytes[self.restrict(g.axes_of(i), out_dims)])
-                 for i in range(len(g.assignments))], dtype=np.int64)
+            self.phase_bytes(op)  # computed with the partial sums, from the same costs
+            partial, _, relayout, output = self._phases[op.name]
+            hit = self._pending[op.name] = np.array([pending_bytes(*row) for row in zip(partial, relayout, output)],
+                                                    dtype=np.int64)
         return dims, hit
 
     def relayout_bytes(self, op: Op) -> tuple[tuple[str, ...], np.ndarray]:
