@@ -1,9 +1,9 @@
 """XLA:CPU's dot operand copies in peak memory: where a contraction's copy of an operand it
 cannot read in place (:mod:`autolayout.costmodel.dotcopy`; its bytes are
 ``reductions.operand_copy_bytes``) is live. :func:`copy_spans` places the copies of values computed
-in the step, from the value's producer to their dots, for ``memory.peak_memory`` and the
-search's live sets (``search/liveness.py``); :func:`copy_transient_bytes` charges the others
-while their dot runs.
+in the step, from the value's producer to their dots, and of the step's arguments from its
+start, for ``memory.peak_memory`` and the search's live sets (``search/liveness.py``);
+:func:`copy_transient_bytes` charges the others while their dot runs.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Mapping
 from autolayout.costmodel.dotcopy import accepted_orders, canonical_dims
 from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
 from autolayout.costmodel.reshapes import hlo_groups
+from autolayout.costmodel.sharing import shared_reads
 from autolayout.fusion import duplicable
 from autolayout.graph import Graph, Loop
 
@@ -23,12 +24,13 @@ def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> in
     """The bytes of operand copies (:func:`operand_copy_bytes`, ``copies``) that contraction
     ``name`` holds while it runs beside its operands' originals.
 
-    Only the copies of operands that :func:`copy_spans` does not place: arguments of the step
-    and, in a loop body, values from outside it, whose copies XLA makes at the dot. Where the dot
-    is the original's last reader (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the
-    original's place at the dot and adds nothing there; where the original outlives the dot the
-    copy is live beside it while the dot runs. A value computed in the step has its copies
-    placed by :func:`copy_spans` instead, from its producer to their dots."""
+    Only the copies of operands that :func:`copy_spans` does not place (a value it does not
+    materialise, read by a dot it fuses). Where the dot is the original's last reader
+    (:func:`lifetimes`, :func:`body_lifetimes`), the copy takes the original's place at the dot
+    and adds nothing there; where the original outlives the dot the copy is live beside it while
+    the dot runs. Values computed in the step have their copies placed by :func:`copy_spans`, from
+    their producer to their dots, and arguments (and values from outside a loop body) from the
+    computation's start."""
     if not copies or not any(copies):
         return 0
     outlives = _copy_outlives(graph).get(name, ())
@@ -94,10 +96,21 @@ def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int]
     between them, as a rematerialised layer's ReLU backward select of two recomputed
     contractions), the copy is a fusion of its own after the value's producer, so every copy of
     the value is placed from the op after that producer, and no operand is held for it
-    (``tests/test_copies.py``, against the optimized HLO and ``memory_analysis()``). Copies of
-    arguments and of values from outside the loop body count at their dot
-    (:func:`copy_transient_bytes`)."""
+    (``tests/test_copies.py``, against the optimized HLO and ``memory_analysis()``).
+
+    A value there for the whole computation (a step argument at the top level; in a loop body, a
+    value from outside it) has its copies made at the computation's start: the copy's fusion
+    reads nothing the computation computes, and XLA:CPU's breadth-first scheduler (the only
+    backend that copies dot operands; ``sharing._ready_at``) runs such an instruction first. Its
+    dots are grouped first by the conversion they read (``sharing.shared_reads``: the readers of
+    one all-gather read one converted value; a dot reading it unconverted reads the original),
+    then by order as above; each group of dots none of which reads the value in its own order has
+    one copy (CSE), live from position 0 to the group's last dot. Measured: the attention weights
+    of ``examples/nnx_llama.py`` (``[heads, d_kv, embed]`` read as ``[embed, heads * d_kv]``), whose
+    ``copy_bitcast_fusion`` of the parameter runs at positions 36-42 of 192 and lives to the
+    backward's dot (``tests/test_copies.py``)."""
     return _copy_groups(graph)[1]
+
 
 
 @lru_cache(maxsize=256)
@@ -128,13 +141,7 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
             return
         if t in outputs:
             reads.append((dies, None, None, frozenset([own])))  # the caller's buffer: its own order
-        groups: list[list] = []  # reads that share a buffer: the original, or one copy
-        for r in sorted(reads, key=lambda r: r[0]):
-            hit = next((g for g in groups if any(r[3] & x[3] for x in g)), None)
-            if hit is None:
-                groups.append([r])
-            else:
-                hit.append(r)
+        groups = _order_groups(reads)  # reads that share a buffer: the original, or one copy
         placed.update((r[1], r[2]) for r in reads if r[1] is not None)
         if len(groups) == 1:
             return
@@ -157,14 +164,56 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
             if by[1] is not None:
                 spans.append((by[1], by[2], start, ends[i][0]))
 
+    sharing = shared_reads(graph)[0]
+
+    def place_whole(loop: str | None, t: str, pos: Mapping[str, int]) -> None:
+        # t is there for the whole computation: a copy per conversion and order, from its start (copy_spans)
+        own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
+        by_conversion: dict[str, list] = {}  # provider -> its group's reads (sharing.shared_reads)
+        for c in readers.get(t, ()):
+            if c not in pos:
+                continue
+            op = graph.op(c)
+            ks = [k for k, x in enumerate(op.inputs) if x == t]
+            dot = op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1
+            by_conversion.setdefault(sharing.get((c, t), c), []).append(
+                (pos[c], c if dot else None, ks[0] if dot else None,
+                 accepted_orders(op, ks[0], full) if dot else frozenset([own])))
+        for reads in by_conversion.values():
+            for g in _order_groups(reads):
+                if any(own in r[3] for r in g):
+                    continue  # the reads of the original (or of its conversion) in place
+                placed.update((r[1], r[2]) for r in g)
+                end = max(g, key=lambda r: r[0])
+                out.setdefault(loop, []).append((end[1], end[2], 0, end[0]))
+
     for lp in graph.loops.values():
         order, last = body_lifetimes(graph, lp)
         for n in lp.body:
             place(lp.name, n, order[n], last[n], order, last)
+        outside = {t for n in lp.body for t in graph.op(n).inputs if t not in order}
+        for t in sorted(outside):
+            place_whole(lp.name, t, order)
     top = {u: i for i, u in enumerate(units) if not isinstance(u, Loop)}
     for n in alloc:
         place(None, n, alloc[n], free[n], top, free)
+    for t in sorted(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")):
+        place_whole(None, t, top)
     return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+
+
+def _order_groups(reads: list) -> list[list]:
+    """Reads ``(position, op, operand index, orders read in place)`` grouped by the buffer they read,
+    in the order they run: a read joins the first group holding a read whose orders meet its own
+    (one copy, or the original, for the dots that read one order: XLA's CSE)."""
+    groups: list[list] = []
+    for r in sorted(reads, key=lambda r: r[0]):
+        hit = next((g for g in groups if any(r[3] & x[3] for x in g)), None)
+        if hit is None:
+            groups.append([r])
+        else:
+            hit.append(r)
+    return groups
 
 
 def _copy_reads_value(graph: Graph, t: str, own: tuple[str, ...], reads: list, full: Mapping[str, int]) -> bool:

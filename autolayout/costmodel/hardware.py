@@ -196,9 +196,9 @@ class Hardware:
         dot_operand_copies: whether a contraction also pays for copying the operands its dot
             kernel cannot read in place (:mod:`~autolayout.costmodel.dotcopy`: XLA:CPU's
             ``[batch, M, K]`` canonicalisation; in memory, a copy is live beside an original
-            that outlives its dot, from the operand's producer on,
-            :func:`~autolayout.costmodel.copies.copy_spans`, or at the dot for an argument's,
-            :func:`~autolayout.costmodel.copies.copy_transient_bytes`);
+            that outlives its dot, from the operand's producer on, or from the step's start
+            for an argument's, :func:`~autolayout.costmodel.copies.copy_spans`, or at the dot
+            for a fused value's, :func:`~autolayout.costmodel.copies.copy_transient_bytes`);
             ``calibrate`` sets it on CPU devices, and the built-in ``cpu`` profile has it.
         fused_attention: whether attention runs as a fused kernel that keeps the score
             tensors on chip and recomputes them in the backward pass (FlashAttention, Dao et

@@ -62,9 +62,9 @@ place over the carried value (a residual stream) write into the loop state's buf
 take none of their own (:func:`~autolayout.costmodel.lifetimes.loop_state_chain`). While an op runs
 it also holds ``reductions.ReductionBytes.transient``, and a contraction on a backend that copies dot
 operands (``Hardware.dot_operand_copies``: XLA:CPU) the copies of its operands whose originals
-outlive it: from the operand's producer to the dot for a value computed in the step
-(:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for an argument
-(:func:`~autolayout.costmodel.copies.copy_transient_bytes`).
+outlive it: from the operand's producer to the dot for a value computed in the step, from the
+step's start for an argument (:func:`~autolayout.costmodel.copies.copy_spans`), at the dot for
+a value fused into it (:func:`~autolayout.costmodel.copies.copy_transient_bytes`).
 
 A contraction (or reduction) whose output is partial runs as two instructions, the dot writing
 the partial sums while its inputs are live, then the collective writing the reduced result, and
