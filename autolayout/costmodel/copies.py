@@ -112,7 +112,6 @@ def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int]
     return _copy_groups(graph)[1]
 
 
-
 @lru_cache(maxsize=256)
 def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
     """``(operands whose copies copy_spans places, copy_spans)`` (:func:`copy_spans`)."""
