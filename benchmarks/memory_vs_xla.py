@@ -38,8 +38,16 @@ which XLA:CPU does not combine (``costmodel/gradients.py``), decide the peak.
 a real step's does), over the table's layouts of those steps: the zoo's own loss, ``sum(y * dy)``,
 takes the loss gradient as an input.
 
+``--predict FILE [FILE ...]`` executes nothing: it re-predicts the rows of CSV files this script
+wrote (``--csv``) and holds each against the XLA figure stored there (the figure is XLA's, so
+it does not change with the cost model; the compiled programs do not either while jax is the
+same). ``reports/memory_xla/`` holds the eight samples measured with jax 0.10.2 (the table,
+``--loss``, ``--storage``, ``--random 4 --seed 0``, ``--random 6 --seed 7``, ``--random 8 --seed 1``,
+``--random 6 --seed 1`` and ``--random 8 --seed 2``: 803 rows): a change to the memory rules is
+measured over all of them in minutes instead of the half hour their compilation takes.
+
 Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]
-[--random K --seed S | --storage | --loss]``
+[--random K --seed S | --storage | --loss | --predict FILE ...]``
 """
 from __future__ import annotations
 
@@ -67,7 +75,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from xla_live import live_peak  # noqa: E402
 
 __all__ = ["MESH", "TOLERANCE", "CASES", "LOSS_CASES", "cases", "random_cases", "storage_cases", "loss_cases",
-           "measure", "main"]
+           "measure", "stored_rows", "repredict", "main"]
 
 MESH = "data:2,model:4"
 TOLERANCE = MEMORY_TOLERANCE  # issue 12 item 3: predicted memory within 10% of XLA's
@@ -271,6 +279,45 @@ def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
             "xla_parts": dict(ex.xla_memory), **{k: v for k, v in parts.items() if k != "module"}}
 
 
+def stored_rows(files: list[str], only: str | None = None) -> Iterator[tuple[str, Any, int, str]]:
+    """``(model id, graph, XLA's bytes, layout)`` for every row of CSV ``files`` that :func:`main`
+    wrote (``--csv``), the graph built once per model id (:data:`CASES`, :data:`LOSS_CASES`).
+
+    Raises:
+        ValueError: a file lacks the ``model``, ``layout`` or ``xla`` column, or names a model id
+            this script does not build."""
+    import csv
+
+    table = {**CASES, **LOSS_CASES}
+    built: dict[str, Any] = {}
+    for f in files:
+        with open(f, newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = {"model", "layout", "xla"} - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"{f}: no column {sorted(missing)}; --predict reads the CSV files --csv writes")
+            for row in reader:
+                name = row["model"]
+                if only and only not in name:
+                    continue
+                if name not in table:
+                    raise ValueError(f"{f}: model id {name!r} is not one this script builds ({sorted(table)})")
+                if name not in built:
+                    built[name] = table[name][0]()[0]
+                lay = "" if row["layout"] == "(replicated)" else row["layout"]
+                yield name, built[name], int(row["xla"]), lay
+
+
+def repredict(graph: Any, layout: str, xla: int) -> dict:
+    """The cost model's peak for ``layout`` against XLA's stored figure ``xla`` (bytes per device),
+    as :func:`measure` reports them."""
+    from autolayout import predict
+
+    c = predict(graph, MESH, layout, hardware="cpu")
+    return {"layout": layout or "(replicated)", "predicted": c.memory_bytes, "xla": xla,
+            "ratio": c.memory_bytes / xla, "breakdown": dict(c.memory), "xla_parts": {}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run only model ids containing this text")
@@ -288,16 +335,25 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of the table")
     ap.add_argument("--loss", action="store_true",
                     help="measure the zoo's MLP and MoE steps with a regression loss (loss='mse') instead of the table")
+    ap.add_argument("--predict", nargs="+", metavar="FILE",
+                    help="execute nothing: re-predict the rows of these CSV files (written by --csv) against "
+                         "the XLA figures stored there (reports/memory_xla/)")
     a = ap.parse_args(argv)
-    if sum(map(bool, (a.storage, a.random, a.loss))) > 1:
-        ap.error("--storage, --random and --loss are three samples: give one of them")
+    if sum(map(bool, (a.storage, a.random, a.loss, a.predict))) > 1:
+        ap.error("--storage, --random, --loss and --predict are four samples: give one of them")
+    if a.predict and a.live:
+        ap.error("--live reads the compiled program's dumps; --predict compiles nothing: give one of them")
+    for f in a.predict or ():
+        if not os.path.isfile(f):
+            ap.error(f"--predict: no file {f!r}; give CSV files --csv wrote, e.g. reports/memory_xla/*.csv")
     rows = []
     t0 = time.perf_counter()
     print(f"{'model':16s} {'layout':58s} {'predicted':>10s} {'xla':>10s} {'ratio':>6s}")
-    sample = (random_cases(a.random, a.seed, a.only) if a.random else storage_cases(a.only) if a.storage
+    sample = (stored_rows(a.predict, a.only) if a.predict else
+              random_cases(a.random, a.seed, a.only) if a.random else storage_cases(a.only) if a.storage
               else loss_cases(a.only) if a.loss else cases(a.only))
     for name, g, args, lay in sample:
-        r = {"model": name, **measure(g, args, lay, live=a.live)}
+        r = {"model": name, **(repredict(g, lay, args) if a.predict else measure(g, args, lay, live=a.live))}
         rows.append(r)
         off = abs(r["ratio"] - 1) > TOLERANCE
         print(f"{name:16s} {r['layout'][:58]:58s} {r['predicted']:10d} {r['xla']:10d} {r['ratio']:6.3f}"
