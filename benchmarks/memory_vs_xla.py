@@ -67,7 +67,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402  (JAX_NUM_CPU_DEVICES above gives a script 8 devices; tests/conftest.py gives pytest 8)
 
 
-from autolayout import models, trace  # noqa: E402
+from autolayout import models, predict, trace  # noqa: E402
 from autolayout.exec import execute  # noqa: E402
 from autolayout.exec.runner import MEMORY_TOLERANCE  # noqa: E402
 
@@ -311,8 +311,6 @@ def stored_rows(files: list[str], only: str | None = None) -> Iterator[tuple[str
 def repredict(graph: Any, layout: str, xla: int) -> dict:
     """The cost model's peak for ``layout`` against XLA's stored figure ``xla`` (bytes per device),
     as :func:`measure` reports them."""
-    from autolayout import predict
-
     c = predict(graph, MESH, layout, hardware="cpu")
     return {"layout": layout or "(replicated)", "predicted": c.memory_bytes, "xla": xla,
             "ratio": c.memory_bytes / xla, "breakdown": dict(c.memory), "xla_parts": {}}
@@ -352,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     sample = (stored_rows(a.predict, a.only) if a.predict else
               random_cases(a.random, a.seed, a.only) if a.random else storage_cases(a.only) if a.storage
               else loss_cases(a.only) if a.loss else cases(a.only))
-    for name, g, args, lay in sample:
-        r = {"model": name, **(repredict(g, lay, args) if a.predict else measure(g, args, lay, live=a.live))}
+    for name, g, given, lay in sample:  # given: the step's arguments; with --predict, XLA's stored bytes
+        r = {"model": name, **(repredict(g, lay, given) if a.predict else measure(g, given, lay, live=a.live))}
         rows.append(r)
         off = abs(r["ratio"] - 1) > TOLERANCE
         print(f"{name:16s} {r['layout'][:58]:58s} {r['predicted']:10d} {r['xla']:10d} {r['ratio']:6.3f}"

@@ -153,8 +153,7 @@ def test_xla_cpu_copies_an_argument_at_the_start(name):
     copies = [i for i, ln in enumerate(lines) if re.search(rf"= \S+ fusion\(%{re.escape(w)}\)", ln)]
     assert len(copies) == 1, entry
     copy = re.match(r"\s*(?:ROOT )?%(\S+) =", lines[copies[0]]).group(1)
-    dots = [i for i, ln in enumerate(lines) if re.search(r"= \S+ (?:dot|fusion)\(", ln) and
-            ("ynn_fusion" in ln.split("=")[0] or " dot(" in ln)]
+    dots = [i for i, ln in enumerate(lines) if re.match(r"\s*(?:ROOT )?%ynn_fusion\S* = |.* = \S+ dot\(", ln)]
     assert copies[0] < min(dots), entry
     readers = [i for i, ln in enumerate(lines) if f"%{copy})" in ln or f"%{copy}," in ln]
     assert len(readers) == (2 if name == "two-readers-one-copy" else 1), entry

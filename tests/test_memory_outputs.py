@@ -209,7 +209,7 @@ def test_transient_buffers_are_placed_apart():
     (_, point), = [(lw, pt) for lw, pt in storage_variants(tables, wus, layout) if str(lw) == str(layout)]
     sizes = sizes_of(tables, wus, point)
     points = search_points(tables)
-    assert any(n == copy("dot_general_2", 1) for n in points[0]) and sizes[copy("dot_general_2", 1)] > 0
+    assert copy("dot_general_2", 1) in points[0] and sizes[copy("dot_general_2", 1)] > 0
     # the copy at its dot, with the dot's other transient bytes, as one buffer (each op's transient as one)
     whole = {n: b for n, b in sizes.items() if not is_transient_part(n) and n != copy("dot_general_2", 1)}
     whole[transient("dot_general_2")] += sizes[copy("dot_general_2", 1)]

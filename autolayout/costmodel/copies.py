@@ -128,14 +128,9 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         if producer.output.role in ("input", "param", "opt_state") or not producer.materialised:
             return
         own = tuple(d.name for d in producer.output.shape if full[d.name] > 1)
-        reads = []  # (position, op, operand index, the orders it reads in place)
-        for c in readers[t]:
-            op = graph.op(c)
-            ks = [k for k, x in enumerate(op.inputs) if x == t] if c in pos else []
-            if op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1:
-                reads.append((pos[c], c, ks[0], accepted_orders(op, ks[0], full)))
-            else:  # reads the original, in its own order
-                reads.append((pos.get(c, dies), None, None, frozenset([own])))
+        # (position, op, operand index, the orders it reads in place); a reader outside the computation at its end
+        reads = [_read(graph.op(c), t, pos[c], own, full) if c in pos else (dies, None, None, frozenset([own]))
+                 for c in readers[t]]
         if not any(r[1] for r in reads):
             return
         if t in outputs:
@@ -170,14 +165,8 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
         by_conversion: dict[str, list] = {}  # provider -> its group's reads (sharing.shared_reads)
         for c in readers.get(t, ()):
-            if c not in pos:
-                continue
-            op = graph.op(c)
-            ks = [k for k, x in enumerate(op.inputs) if x == t]
-            dot = op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1
-            by_conversion.setdefault(sharing.get((c, t), c), []).append(
-                (pos[c], c if dot else None, ks[0] if dot else None,
-                 accepted_orders(op, ks[0], full) if dot else frozenset([own])))
+            if c in pos:
+                by_conversion.setdefault(sharing.get((c, t), c), []).append(_read(graph.op(c), t, pos[c], own, full))
         for reads in by_conversion.values():
             for g in _order_groups(reads):
                 if any(own in r[3] for r in g):
@@ -199,6 +188,17 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
     for t in sorted(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")):
         place_whole(None, t, top)
     return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+
+
+def _read(op, t: str, at: int, own: tuple[str, ...], full: Mapping[str, int]) -> tuple:
+    """How ``op``, at position ``at``, reads ``t`` (whose dims of size > 1 are ``own``, in order):
+    ``(at, op, operand index, the orders it reads in place)`` for a contraction of two operands
+    reading it once (:func:`~autolayout.costmodel.dotcopy.accepted_orders`), else
+    ``(at, None, None, {own})``: any other reader reads the original, in its own order."""
+    ks = [k for k, x in enumerate(op.inputs) if x == t]
+    if op.kind == "einsum" and len(op.inputs) == 2 and len(ks) == 1:
+        return at, op.name, ks[0], accepted_orders(op, ks[0], full)
+    return at, None, None, frozenset([own])
 
 
 def _order_groups(reads: list) -> list[list]:
