@@ -242,3 +242,30 @@ def test_predicted_peak_memory_within_10_percent_of_xla(model, layout):
                          ids=[f"{m}:{lay or 'replicated'}" for m, lay in OFF])
 def test_known_memory_gaps_to_xla(model, layout):
     _check(model, layout)
+
+
+def test_predict_mode_names_the_bad_file(tmp_path, capsys):
+    """``--predict`` with a missing file exits 2 naming it; a CSV without the columns ``--csv``
+    writes is a ValueError naming the file and the missing columns."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--predict", str(tmp_path / "absent.csv")])
+    assert exc.value.code == 2
+    assert "--predict: no file" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,ratio\nmlp-train,1.0\n")
+    with pytest.raises(ValueError, match=r"bad\.csv: no column \['layout', 'xla'\]"):
+        list(bench.stored_rows([str(bad)]))
+
+
+def test_predict_mode_reads_back_a_stored_row(tmp_path):
+    """A row written as ``--csv`` writes it comes back as (model id, graph, XLA's bytes, layout), and
+    ``repredict`` holds ``predict``'s figure against those bytes."""
+    from autolayout import predict
+
+    f = tmp_path / "rows.csv"
+    f.write_text("model,layout,predicted,xla,ratio\nmlp-train,(replicated),1,1000000,1.0\n")
+    (name, g, xla, lay), = bench.stored_rows([str(f)])
+    assert (name, xla, lay) == ("mlp-train", 1000000, "")
+    got = bench.repredict(g, lay, xla)
+    want = predict(g, bench.MESH, "", hardware="cpu").memory_bytes
+    assert got["predicted"] == want and got["ratio"] == want / 1000000 and got["layout"] == "(replicated)"
