@@ -30,6 +30,28 @@ def test_output_placement_by_hand():
     assert unplaced_output_bytes([5, 0], []) == 0  # every output written: liveness alone
 
 
+def test_output_placement_only_where_the_temporary_dies_before_the_write():
+    """By hand: a temporary goes into an output's allocation only if it dies before the output is
+    written (``lasts`` < ``written``), or at the write where that output is an element-wise op that
+    reads it (``shares``); ties are broken so that listing order does not matter."""
+    # the 64-byte temporary is read at unit 7, the 64-byte output written at 5: it stays in the heap
+    assert output_placement([64], [64], lasts=[7], written=[5]) == (None,)
+    assert output_placement([64], [64], lasts=[4], written=[5]) == (0,)
+    # read at the write: only where the writer is element-wise and reads it (XLA writes over it)
+    assert output_placement([64], [64], lasts=[5], written=[5]) == (None,)
+    assert output_placement([64], [64], lasts=[5], written=[5], shares=lambda k, a: True) == (0,)
+    # a running op's buffer (-1) and a copied parameter's own buffer (written never) fit anywhere
+    assert unplaced_output_bytes([64, 32], [64, 32], lasts=[-1, 9], written=[3, 1 << 62]) == 0
+    # equal sizes: the temporary read last goes first, into the allocation written first that it dies
+    # before, whichever order either is listed in (predict and the search list them differently)
+    for temps_first in (True, False):
+        lasts = [2, 6] if temps_first else [6, 2]
+        for written in ([3, 8], [8, 3]):
+            placed = output_placement([16, 16], [16, 16], lasts=lasts, written=written)
+            assert None not in placed, (lasts, written)  # 6 -> the one written at 8, 2 -> at 3
+            assert written[placed[lasts.index(6)]] == 8
+
+
 def _cumsum_step(x, w):
     """h = x @ w and its cumsum (two temporaries, h dead once the cumsum is written) reduced to a
     scalar that scales x: the output (x's shape) is written last, after both have died."""

@@ -9,11 +9,17 @@ temporaries that die before the output is written, where they fit (openxla/xla
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from autolayout.graph import Graph
 
-__all__ = ["step_arguments", "whole_call_outputs", "output_placement", "unplaced_output_bytes", "partial_buffers"]
+__all__ = ["NEVER", "step_arguments", "whole_call_outputs", "output_placement", "writes_over", "unplaced_output_bytes",
+           "partial_buffers"]
+
+
+# the unit of an allocation no output is written into before the step ends (a copied donated
+# parameter's own buffer where it holds temporaries: output_placement's ``written``)
+NEVER = 1 << 62
 
 
 def step_arguments(graph: Graph) -> frozenset[str]:
@@ -31,43 +37,73 @@ def whole_call_outputs(graph: Graph) -> frozenset[str]:
     return frozenset(s.tensor for s in graph.outputs if s.tensor and s.tensor not in args | reusing)
 
 
-def output_placement(temps: Sequence[int], free_outputs: Sequence[int]) -> tuple[int | None, ...]:
+def output_placement(temps: Sequence[int], free_outputs: Sequence[int], *, lasts: Sequence[int] | None = None,
+                     written: Sequence[int] | None = None, shares: Callable[[int, int], bool] | None = None,
+                     names: Sequence[str] | None = None) -> tuple[int | None, ...]:
     """Where XLA can hold each temporary live at one point (their bytes ``temps``) among the output
     allocations not yet written there (their bytes ``free_outputs``): the index of the allocation
     in ``free_outputs``, or None (the temp heap). One each, largest first, each into the smallest
-    free allocation at least its size.
+    free allocation at least its size that it dies before.
 
     XLA allocates every output of the step (:func:`whole_call_outputs`) for the whole call and
     reuses an output's allocation for temporaries that die before the output is written:
     ``BufferAssigner::AssignBuffersForComputations`` sorts the buffers largest first and
     ``AssignSingleHloBuffer`` puts each into "the smallest buffer which can be reused"
     (``MaybeAssignBuffer``: the allocation at least the buffer's size, with nothing already
-    assigned to it live at the same time), before deferring it to the temp heap
-    (openxla/xla ``xla/service/buffer_assignment.cc``). Such an allocation holds each buffer at
-    offset 0, so at any point it holds at most one live temporary, of at most its size; the
-    rest of the live temporaries are in the temp heap. Largest first into the smallest that
-    fits is XLA's order, and holds the most bytes of any such placement (whether a temporary
-    fits an allocation is nested by size). Taken point by point, as the most XLA can reuse
-    there: XLA places each buffer once for its whole life, which may hold less (a lower bound
-    on XLA's figure, given the model's buffers)."""
-    free = sorted((b, k) for k, b in enumerate(free_outputs) if b > 0)
+    assigned to it live at the same time: an output's allocation holds the output from its write
+    to the end), before deferring it to the temp heap (openxla/xla
+    ``xla/service/buffer_assignment.cc``). Such an allocation holds each buffer at offset 0, so at
+    any point it holds at most one live temporary, of at most its size; the rest of the live
+    temporaries are in the temp heap. Taken point by point, as the most XLA can reuse there: XLA
+    places each buffer once for its whole life, which may hold less (a lower bound on XLA's
+    figure, given the model's buffers).
+
+    ``lasts[k]``: the unit temporary ``k`` is last read at (-1: a buffer dead after the point, a
+    running op's); ``written[a]``: the unit allocation ``a``'s output is written at. A temporary
+    goes only into an allocation written after it dies, or written by an element-wise op that
+    reads it there for the last time (``shares(k, a)``: XLA writes such an op over its operand,
+    ``HloDataflowAnalysis::CanShareOperandBufferWithUser``, as ``lifetimes.in_place_operand``).
+    Without ``lasts`` or ``written`` every temporary may go into every allocation. The outputs
+    written after a temporary dies are fewer the later it dies, so of temporaries of equal size
+    the one read last goes first (then by ``names``), and of allocations of equal size the one
+    written first is taken: the placement does not depend on the order either is listed in
+    (``predict`` and the search list them differently)."""
+    def may(k: int, a: int) -> bool:
+        if lasts is None or written is None or lasts[k] < written[a]:
+            return True
+        return lasts[k] == written[a] and shares is not None and shares(k, a)
+
+    when = written if written is not None else [0] * len(free_outputs)
+    free = sorted((b, when[a], a) for a, b in enumerate(free_outputs) if b > 0)
     placed: list[int | None] = [None] * len(temps)
-    for k in sorted(range(len(temps)), key=lambda k: -temps[k]):
+    key = (lambda k: (-temps[k], -(lasts[k] if lasts is not None else 0), names[k] if names is not None else ""))
+    for k in sorted(range(len(temps)), key=key):
         if temps[k] <= 0 or not free:
             continue
-        at = bisect_left(free, (temps[k], -1))  # the smallest free allocation at least its size
+        at = bisect_left(free, (temps[k],))  # the smallest free allocation at least its size
+        while at < len(free) and not may(k, free[at][2]):
+            at += 1  # the next it may go into
         if at < len(free):
-            placed[k] = free.pop(at)[1]
+            placed[k] = free.pop(at)[2]
     return tuple(placed)
 
 
-def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int]) -> int:
+def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int], *, lasts: Sequence[int] | None = None,
+                          written: Sequence[int] | None = None, shares: Callable[[int, int], bool] | None = None,
+                          names: Sequence[str] | None = None) -> int:
     """The bytes the output allocations not yet written (``free_outputs``) add to a point's peak
     beyond what liveness counts there (the live ``temps``): their size less the temporaries they
-    hold (:func:`output_placement`). ``predict`` (:func:`peak_memory`) and the search
-    (``search.liveness.peak_of``) both add this at every point (one rule)."""
-    placed = output_placement(temps, free_outputs)
+    hold (:func:`output_placement`, whose keywords these are). ``predict`` (:func:`peak_memory`)
+    and the search (``search.liveness.peak_of``) both add this at every point (one rule)."""
+    placed = output_placement(temps, free_outputs, lasts=lasts, written=written, shares=shares, names=names)
     return int(sum(free_outputs) - sum(t for t, p in zip(temps, placed) if p is not None))
+
+
+def writes_over(graph: Graph, tensor: str, output: str, readers: Mapping[str, Sequence[str]]) -> bool:
+    """Whether ``output`` is an element-wise op that reads ``tensor`` from memory (``readers``:
+    ``lifetimes.readers_of``), so XLA may write it over ``tensor``'s buffer where that read is
+    the last (:func:`output_placement`'s ``shares``)."""
+    return output in readers.get(tensor, ()) and graph.op(output).kind == "elementwise"
 
 
 def partial_buffers(partial: int, relayout: int) -> tuple[int, ...]:

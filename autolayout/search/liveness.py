@@ -31,7 +31,8 @@ gives the contraction's point alone.
 Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
 ``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
-less the live temporaries they can hold): :func:`peak_of`. That term is not linear in the
+less the live temporaries they can hold, a tensor only one it dies before the output is written:
+:class:`OutputWrites`, per order): :func:`peak_of`. That term is not linear in the
 layout (which temporary fits which allocation depends on their local sizes), so the
 search's rows are the live sums alone (:func:`live_peak_of`, a lower bound of it at every
 point) and ``search/solver.py`` cuts off a layout that meets them but not :func:`peak_of`
@@ -77,14 +78,15 @@ from autolayout.costmodel.gradients import (REDUCTIONS, combined_point, combined
 from autolayout.costmodel.phases import collective_points, collective_sequence, split_reductions
 from autolayout.costmodel.donations import param_copy_spans
 
-from autolayout.costmodel.lifetimes import lifetimes, schedule_points
-from autolayout.costmodel.outputs import partial_buffers, step_arguments, unplaced_output_bytes, whole_call_outputs
+from autolayout.costmodel.lifetimes import lifetimes, readers_of, schedule_points
+from autolayout.costmodel.outputs import (NEVER, partial_buffers, step_arguments, unplaced_output_bytes,
+                                          whole_call_outputs, writes_over)
 from autolayout.graph import Graph, Loop
 from autolayout.search.names import (SPAN_KINDS, TRANSIENT_PARTS, combined, donor, donor_param, held, is_donor,
                                      is_layout_sized, is_param_copy, is_partial, is_transient, op_of, param_copy,
                                      partial, pending, relayout, result, transient, transient_part)
 
-__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
+__all__ = ["LivePoints", "OutputWrites", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
            "reduction_of"]
 
 class LivePoints(list):
@@ -98,10 +100,12 @@ class LivePoints(list):
 
     def __init__(self, points: Sequence[tuple[str, ...]], outputs: frozenset[str] = frozenset(),
                  arguments: frozenset[str] = frozenset(), guards: Sequence[frozenset[str] | None] | None = None,
-                 graph: Graph | None = None) -> None:
+                 graph: Graph | None = None, writes: Mapping[str | None, OutputWrites] | None = None) -> None:
         super().__init__(points)
         self.outputs = outputs
         self.arguments = arguments
+        # per order (None: the one order), when each tensor dies and each output is written there (OutputWrites)
+        self.writes = dict(writes or {})
         self.combined = any(is_layout_sized(n) for names in points for n in names)  # layout-sized names
         self.guards = tuple(guards) if guards is not None else (None,) * len(points)
         self.graph = graph
@@ -123,6 +127,14 @@ class LivePoints(list):
             return list(range(len(self)))
         return [i for i, g in enumerate(self.guards) if g is None or order in g]
 
+    def writes_of(self, size: Mapping[str, int]) -> OutputWrites | None:
+        """The :class:`OutputWrites` of the layout whose bytes are ``size``: of its order
+        (:func:`reduction_of`) where the orders' differ; None without outputs allocated for the
+        whole call."""
+        if len(self.writes) <= 1 or len({id(w) for w in self.writes.values()}) == 1:
+            return next(iter(self.writes.values()), None)
+        return self.writes[reduction_of(self.graph, size)]
+
     def split(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
         """Per point, ``(temporaries, outputs not yet written)``: its names that are neither
         arguments nor outputs, and the outputs it does not list (computed once)."""
@@ -136,6 +148,33 @@ class LivePoints(list):
                 self._split.append((temps,
                                     tuple(o for o in outputs if o not in here)))
         return self._split
+
+
+class OutputWrites:
+    """In one order of a graph, what ``outputs.output_placement`` needs to tell whether a live
+    tensor may share an output's allocation (``predict``'s rule, ``memory._output_peak``): the
+    unit each top-level tensor is last read at (``lifetimes.lifetimes``; a scan body's tensors, at
+    their scan's unit), the unit each output is written at, and who reads each tensor."""
+
+    def __init__(self, graph: Graph) -> None:
+        units, alloc, free = lifetimes(graph)
+        self.graph = graph
+        self.last = dict(free)
+        for i, u in enumerate(units):
+            if isinstance(u, Loop):
+                self.last.update((n, i) for n in u.body)
+        self.written = {o: alloc[o] for o in whole_call_outputs(graph) if o in alloc}
+        self.readers = readers_of(graph)
+
+    def reuse(self, temps: Sequence[str], free: Sequence[str], donors: int) -> dict:
+        """``outputs.output_placement``'s keywords for the buffers of live names ``temps`` (one entry
+        per buffer) and the allocations of outputs ``free`` then ``donors`` copied parameters' own
+        buffers, as ``predict`` gives them (``memory._output_peak``): a name that is no tensor (a
+        running op's buffer, a span's) dies after the point (-1)."""
+        return dict(lasts=[self.last.get(n, -1) for n in temps],
+                    written=[self.written.get(o, NEVER) for o in free] + [NEVER] * donors,
+                    shares=lambda k, a: writes_over(self.graph, temps[k], free[a], self.readers),
+                    names=[n if n in self.last else "" for n in temps])
 
 
 def reduction_of(graph: Graph, size: Mapping[str, int]) -> str:
@@ -169,7 +208,8 @@ def live_points(graph: Graph, *, early: bool, combines: bool = False, orders: Ma
     points = list(have)
     guards = [None if len(rs) == len(REDUCTIONS) else frozenset(rs) for rs in have.values()]
     first = per[orders[REDUCTIONS[0]]]
-    return LivePoints(points, first.outputs, first.arguments, guards, graph)
+    return LivePoints(points, first.outputs, first.arguments, guards, graph,
+                      {r: w for r in REDUCTIONS for w in per[orders[r]].writes.values()})
 
 
 def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
@@ -252,7 +292,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
         i, gone, ops = at[0], set(at[1]), gradients[None][1]
         live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
         add(live, None, ops[:-1], copies_at(None, i, False), (partial(ops[-1]),), combining=False)
-    return LivePoints(points, whole_call_outputs(graph), step_arguments(graph))
+    outputs = whole_call_outputs(graph)
+    return LivePoints(points, outputs, step_arguments(graph), writes={None: OutputWrites(graph)} if outputs else None)
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
@@ -264,16 +305,20 @@ def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[i
     if not outputs and not getattr(points, "combined", False):
         return live_peak_of(points, size)
     best, at = -1, 0
+    writes = points.writes_of(size) if isinstance(points, LivePoints) else None
     for i in indices_of(points, size):
-        total = total_at(points, size, i)
+        total = total_at(points, size, i, writes)
         if total > best:
             best, at = total, i
     return max(best, 0), at
 
 
-def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -> int:
+def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int,
+             writes: OutputWrites | None = None) -> int:
     """The bytes :func:`peak_of` counts at point ``i``: its live bytes, plus the unplaced bytes
-    of the outputs allocated for the whole call not yet written there (:class:`LivePoints`), less
+    of the outputs allocated for the whole call not yet written there (:class:`LivePoints`; a
+    tensor goes into an output's allocation only where it dies before the output is written in
+    the layout's order: ``writes``, else :meth:`LivePoints.writes_of`), less
     the temporaries the free buffers of copied parameters hold there (:func:`donor`)."""
     total = sum(size.get(n, 0) for n in points[i])
     # the buffers of the parameters XLA copies, free there (donor): they hold temporaries and add nothing
@@ -282,7 +327,11 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int) -
         temps, free = points.split()[i]
         free_bytes = [size.get(o, 0) for o in free]
         if any(free_bytes) or donors:
-            total += unplaced_output_bytes([b for n in temps for b in _buffers(n, size)], free_bytes + donors)
+            if writes is None and isinstance(points, LivePoints):
+                writes = points.writes_of(size)
+            buffers = [(n, b) for n in temps for b in _buffers(n, size)]  # each buffer and the name it is of
+            reuse = writes.reuse([n for n, _ in buffers], free, len(donors)) if writes is not None else {}
+            total += unplaced_output_bytes([b for _, b in buffers], free_bytes + donors, **reuse)
             total -= sum(donors)
     return total
 
