@@ -110,3 +110,20 @@ def test_a_copy_adds_the_parameter_where_no_temporary_can_take_its_buffer():
     with_copy = predict(g, "d:1", None, hardware=CPU).memory_bytes
     without = predict(g, "d:1", None, hardware=CPU.replace(copies_donated_parameters=False)).memory_bytes
     assert with_copy - without == 32 * 32 * 4
+
+
+@pytest.mark.parametrize("layout", ["|remat=full", "d_ff:model;heads:model;d_kv:data"])
+def test_a_copied_parameters_buffer_holds_only_temporaries_dead_before_its_update(layout):
+    """The long-vocabulary language model's step (``bench.CASES``: vocab 2048 beside d_model 64,
+    4 layers), whose donated weights XLA copies: a temporary goes into a copied weight's own buffer
+    only where it dies before the update written over it, or is read last by that update
+    (``donations.donor_writes``, ``outputs.output_placement``), as into an output's allocation.
+    Against XLA's ``memory_analysis()``: within 1% (0.968 and 0.968 when such a buffer took any
+    live temporary, 3% under)."""
+    g, args = built("transformer_lm-vocab-train")
+    p = plan(g, bench.MESH, layout)
+    copied = copied_parameters(g, resolve_layout(g, bench.MESH, layout)[2], {q: s.stage for q, s in p.shards.items()},
+                               CPU)
+    assert copied  # the rule is exercised: some weight's own buffer is free until its update
+    ex = execute(g, bench.MESH, layout, args=args, repeats=1, reference=False, compiler_options=bench.FAST)
+    assert abs(ex.memory_ratio - 1) < 0.01, (ex.predicted.memory_bytes, ex.xla_memory)

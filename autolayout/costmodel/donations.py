@@ -48,7 +48,7 @@ from autolayout.costmodel.regions import regions
 from autolayout.costmodel.storage import gradient_walk
 from autolayout.graph import Graph, Loop
 
-__all__ = ["donated_readers", "param_copy_spans", "copied_parameters"]
+__all__ = ["donated_readers", "param_copy_spans", "donor_writes", "copied_parameters"]
 
 
 @lru_cache(maxsize=256)
@@ -91,6 +91,14 @@ def param_copy_spans(graph: Graph) -> tuple[tuple[str, int, int, int], ...]:
             unit_of[n] = i
     return tuple((p, 0, max(unit_of[n] for n in (writer, *rs)), unit_of[writer])
                  for p, (writer, rs) in donated_readers(graph).items())
+
+
+def donor_writes(graph: Graph) -> dict[str, tuple[int, str]]:
+    """Per parameter of :func:`param_copy_spans`, ``(written, writer)``: the unit that writes its
+    update over its own buffer and the op writing it (``outputs.output_placement`` puts a
+    temporary into that buffer only where it dies before the write, as into an output's)."""
+    writers = donated_readers(graph)
+    return {p: (written, writers[p][0]) for p, _, _, written in param_copy_spans(graph)}
 
 
 def copied_parameters(graph: Graph, axes_of: Mapping[str, tuple[str, ...]], stages: Mapping[str, int],

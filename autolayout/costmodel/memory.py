@@ -35,7 +35,8 @@ holds the two side by side):
   ``jax.jit(donate_argnums=...)``) takes no bytes of its own: XLA counts that buffer once (``alias``).
   A donated parameter XLA copies (:mod:`~autolayout.costmodel.donations`) has the copy live from
   the step's start to its last reader, and its own buffer holds temporaries until the update, as
-  an output allocation not yet written does (a ``"donor"`` of :func:`_output_peak`);
+  an output allocation not yet written does, for temporaries that die before the update (a
+  ``"donor"`` of :func:`_output_peak`);
 * every other tensor lives from its producer to the last op that reads it from memory
   (a consumer fused into its own consumers, ``Op.hbm``, reads nothing itself: the op its
   value is fused into does), except that an element-wise op writes its result over an
@@ -107,12 +108,12 @@ from typing import Mapping
 
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
-from autolayout.costmodel.donations import param_copy_spans
+from autolayout.costmodel.donations import donor_writes, param_copy_spans
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, readers_of, schedule_points
-from autolayout.costmodel.outputs import (NEVER, output_placement, partial_buffers, step_arguments,
+from autolayout.costmodel.outputs import (output_placement, partial_buffers, step_arguments,
                                           unplaced_output_bytes, whole_call_outputs, writes_over)
 from autolayout.costmodel.phases import pending_bytes, pending_spans, Phases, after_bytes, after_points
 from autolayout.costmodel.plan import grad_of
@@ -386,29 +387,33 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     the points right after a unit, ``phases.after_points``), an op of
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     A running op's transient bytes are the buffers of ``temp_parts[op]``, placed one by one.
-    A copied parameter's own buffer (``"donor"``, :func:`_spans`) holds temporaries as an output
-    allocation not yet written does and adds nothing. None without either."""
+    A copied parameter's own buffer (``("donor", parameter)``, :func:`_spans`) holds temporaries
+    as an output allocation not yet written does (``donations.donor_writes``) and adds nothing.
+    None without either."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
-    if not written and not any(what == "donor" for group in spans.values() for *_, what in group):
+    if not written and not any(isinstance(what, tuple) for group in spans.values() for *_, what in group):
         return None
+    donors = donor_writes(graph)
     args = step_arguments(graph)
     readers = readers_of(graph)
-    best: tuple | None = None  # (total, names, extras, free outputs, temporaries, free donated buffers, fits)
+    best: tuple | None = None  # (total, names, extras, free outputs, temporaries, free donated buffers, reuse)
 
     def point(i: int, names: list, extras: list[tuple[str, int]], unwritten: str | None = None) -> None:
         nonlocal best
         free_outs = [o for o, at in written.items() if at > i or o == unwritten]
-        free_donors = [b for what, b in extras if what == "donor"]
-        extras = [(what, b) for what, b in extras if what != "donor"]
+        mine = sorted((what[1], b) for what, b in extras if isinstance(what, tuple))  # by parameter, as the search
+        free_donors = [b for _, b in mine]
+        extras = [(what, b) for what, b in extras if not isinstance(what, tuple)]
+        allocations = free_outs + [donors[p][1] for p, _ in mine]  # the op writing each
         # the temporaries there (a parameter's copy is live from the step's start: in no allocation freed later)
         tensors = [n for n in names if n not in args and n not in outs]
         buffers = [size[n] for n in tensors] + [b for what, b in extras if what != "param-copy"]
         # when each dies (a running op's buffer, a copy: after this point) and each allocation is
-        # written (a copied parameter's own buffer: free to the end here), outputs.output_placement
+        # written (a copied parameter's own buffer: by its update), outputs.output_placement
         reuse = dict(lasts=[free.get(n, i) for n in tensors] + [-1] * (len(buffers) - len(tensors)),
-                     written=[written[o] for o in free_outs] + [NEVER] * len(free_donors),
-                     shares=lambda k, a: writes_over(graph, tensors[k], free_outs[a], readers),
+                     written=[written[o] for o in free_outs] + [donors[p][0] for p, _ in mine],
+                     shares=lambda k, a: writes_over(graph, tensors[k], allocations[a], readers),
                      names=tensors + [""] * (len(buffers) - len(tensors)))
         total = (sum(size[n] for n in names) + sum(b for _, b in extras)
                  + unplaced_output_bytes(buffers, [size[o] for o in free_outs] + free_donors, **reuse)
@@ -495,7 +500,7 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     (``bitcasts.kept_spans``, ``recomputed.recomputed_spans``, ``"kept"``) and broadcasts XLA
     writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and XLA's copies of donated parameters
     with their own buffers until the update (``donations.param_copy_spans``, ``"param-copy"``,
-    ``"donor"``); of the last four, those the layout gives bytes."""
+    ``("donor", parameter)``); of the last four, those the layout gives bytes."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
@@ -522,7 +527,7 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     for param, start, stop, written in param_copy_spans(graph) if param_copies else ():
         if param_copies.get(param, 0):
             out.setdefault(None, []).extend([(start, stop, param_copies[param], "param-copy"),
-                                             (start, written, param_copies[param], "donor")])
+                                             (start, written, param_copies[param], ("donor", param))])
     return out
 
 

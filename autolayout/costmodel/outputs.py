@@ -17,8 +17,7 @@ __all__ = ["NEVER", "step_arguments", "whole_call_outputs", "output_placement", 
            "partial_buffers"]
 
 
-# the unit of an allocation no output is written into before the step ends (a copied donated
-# parameter's own buffer where it holds temporaries: output_placement's ``written``)
+# the unit of an allocation nothing is written into before the step ends (output_placement's ``written``)
 NEVER = 1 << 62
 
 

@@ -76,7 +76,7 @@ from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.gradients import (REDUCTIONS, combined_point, combined_reductions, deferred_reductions,
                                             gradient_reducers, gradient_reduction)
 from autolayout.costmodel.phases import collective_points, collective_sequence, split_reductions
-from autolayout.costmodel.donations import param_copy_spans
+from autolayout.costmodel.donations import donor_writes, param_copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, readers_of, schedule_points
 from autolayout.costmodel.outputs import (NEVER, partial_buffers, step_arguments, unplaced_output_bytes,
@@ -154,7 +154,8 @@ class OutputWrites:
     """In one order of a graph, what ``outputs.output_placement`` needs to tell whether a live
     tensor may share an output's allocation (``predict``'s rule, ``memory._output_peak``): the
     unit each top-level tensor is last read at (``lifetimes.lifetimes``; a scan body's tensors, at
-    their scan's unit), the unit each output is written at, and who reads each tensor."""
+    their scan's unit), the unit each output is written at (and each copied parameter's update over
+    its own buffer, ``donations.donor_writes``), and who reads each tensor."""
 
     def __init__(self, graph: Graph) -> None:
         units, alloc, free = lifetimes(graph)
@@ -164,16 +165,18 @@ class OutputWrites:
             if isinstance(u, Loop):
                 self.last.update((n, i) for n in u.body)
         self.written = {o: alloc[o] for o in whole_call_outputs(graph) if o in alloc}
+        self.donors = donor_writes(graph)
         self.readers = readers_of(graph)
 
-    def reuse(self, temps: Sequence[str], free: Sequence[str], donors: int) -> dict:
+    def reuse(self, temps: Sequence[str], free: Sequence[str], donors: Sequence[str]) -> dict:
         """``outputs.output_placement``'s keywords for the buffers of live names ``temps`` (one entry
-        per buffer) and the allocations of outputs ``free`` then ``donors`` copied parameters' own
-        buffers, as ``predict`` gives them (``memory._output_peak``): a name that is no tensor (a
-        running op's buffer, a span's) dies after the point (-1)."""
+        per buffer) and the allocations of outputs ``free`` then the own buffers of copied parameters
+        ``donors`` (``donations.donor_writes``), as ``predict`` gives them (``memory._output_peak``):
+        a name that is no tensor (a running op's buffer, a span's) dies after the point (-1)."""
+        writers = list(free) + [self.donors[p][1] for p in donors]
         return dict(lasts=[self.last.get(n, -1) for n in temps],
-                    written=[self.written.get(o, NEVER) for o in free] + [NEVER] * donors,
-                    shares=lambda k, a: writes_over(self.graph, temps[k], free[a], self.readers),
+                    written=[self.written.get(o, NEVER) for o in free] + [self.donors[p][0] for p in donors],
+                    shares=lambda k, a: writes_over(self.graph, temps[k], writers[a], self.readers),
                     names=[n if n in self.last else "" for n in temps])
 
 
@@ -293,7 +296,8 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
         live = [n for n in alloc if alloc[n] <= i <= free[n] and n not in gone]
         add(live, None, ops[:-1], copies_at(None, i, False), (partial(ops[-1]),), combining=False)
     outputs = whole_call_outputs(graph)
-    return LivePoints(points, outputs, step_arguments(graph), writes={None: OutputWrites(graph)} if outputs else None)
+    return LivePoints(points, outputs, step_arguments(graph),
+                      writes={None: OutputWrites(graph)} if outputs or param_copy_spans(graph) else None)
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
@@ -322,7 +326,9 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int,
     the temporaries the free buffers of copied parameters hold there (:func:`donor`)."""
     total = sum(size.get(n, 0) for n in points[i])
     # the buffers of the parameters XLA copies, free there (donor): they hold temporaries and add nothing
-    donors = [b for n in points[i] if is_donor(n) and (b := size.get(param_copy(donor_param(n)), 0))]
+    mine = sorted((donor_param(n), b) for n in points[i]
+                  if is_donor(n) and (b := size.get(param_copy(donor_param(n)), 0)))
+    donors = [b for _, b in mine]
     if getattr(points, "outputs", frozenset()) or donors:
         temps, free = points.split()[i]
         free_bytes = [size.get(o, 0) for o in free]
@@ -330,7 +336,7 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int,
             if writes is None and isinstance(points, LivePoints):
                 writes = points.writes_of(size)
             buffers = [(n, b) for n in temps for b in _buffers(n, size)]  # each buffer and the name it is of
-            reuse = writes.reuse([n for n, _ in buffers], free, len(donors)) if writes is not None else {}
+            reuse = writes.reuse([n for n, _ in buffers], free, [p for p, _ in mine]) if writes is not None else {}
             total += unplaced_output_bytes([b for _, b in buffers], free_bytes + donors, **reuse)
             total -= sum(donors)
     return total
