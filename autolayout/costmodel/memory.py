@@ -108,13 +108,13 @@ from typing import Mapping
 
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
-from autolayout.costmodel.donations import donor_writes, param_copy_spans
+from autolayout.costmodel.donations import param_copy_spans
 from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, readers_of, schedule_points
-from autolayout.costmodel.outputs import (output_placement, partial_buffers, step_arguments,
-                                          unplaced_output_bytes, whole_call_outputs, writes_over)
+from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
+from autolayout.costmodel.outputs import (output_placement, output_writes, partial_buffers, step_arguments,
+                                          unplaced_output_bytes, whole_call_outputs)
 from autolayout.costmodel.phases import pending_bytes, pending_spans, Phases, after_bytes, after_points
 from autolayout.costmodel.plan import grad_of
 from autolayout.costmodel.recomputed import recomputed_spans
@@ -388,15 +388,14 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     ``phases`` in each of its two phases. The points are those of ``search.liveness.live_points``.
     A running op's transient bytes are the buffers of ``temp_parts[op]``, placed one by one.
     A copied parameter's own buffer (``("donor", parameter)``, :func:`_spans`) holds temporaries
-    as an output allocation not yet written does (``donations.donor_writes``) and adds nothing.
+    as an output allocation not yet written does (``outputs.OutputWrites``) and adds nothing.
     None without either."""
     outs = whole_call_outputs(graph)
     written = {o: alloc[o] for o in outs if o in alloc and size.get(o, 0) > 0}
     if not written and not any(isinstance(what, tuple) for group in spans.values() for *_, what in group):
         return None
-    donors = donor_writes(graph)
     args = step_arguments(graph)
-    readers = readers_of(graph)
+    writes = output_writes(graph)
     best: tuple | None = None  # (total, names, extras, free outputs, temporaries, free donated buffers, reuse)
 
     def point(i: int, names: list, extras: list[tuple[str, int]], unwritten: str | None = None) -> None:
@@ -405,16 +404,11 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         mine = sorted((what[1], b) for what, b in extras if isinstance(what, tuple))  # by parameter, as the search
         free_donors = [b for _, b in mine]
         extras = [(what, b) for what, b in extras if not isinstance(what, tuple)]
-        allocations = free_outs + [donors[p][1] for p, _ in mine]  # the op writing each
         # the temporaries there (a parameter's copy is live from the step's start: in no allocation freed later)
         tensors = [n for n in names if n not in args and n not in outs]
-        buffers = [size[n] for n in tensors] + [b for what, b in extras if what != "param-copy"]
-        # when each dies (a running op's buffer, a copy: after this point) and each allocation is
-        # written (a copied parameter's own buffer: by its update), outputs.output_placement
-        reuse = dict(lasts=[free.get(n, i) for n in tensors] + [-1] * (len(buffers) - len(tensors)),
-                     written=[written[o] for o in free_outs] + [donors[p][0] for p, _ in mine],
-                     shares=lambda k, a: writes_over(graph, tensors[k], allocations[a], readers),
-                     names=tensors + [""] * (len(buffers) - len(tensors)))
+        others = [b for what, b in extras if what != "param-copy"]  # a running op's buffers, spans': no tensor
+        buffers = [size[n] for n in tensors] + others
+        reuse = writes.reuse(tensors + [""] * len(others), free_outs, [p for p, _ in mine])
         total = (sum(size[n] for n in names) + sum(b for _, b in extras)
                  + unplaced_output_bytes(buffers, [size[o] for o in free_outs] + free_donors, **reuse)
                  - sum(free_donors))

@@ -9,16 +9,19 @@ temporaries that die before the output is written, where they fit (openxla/xla
 from __future__ import annotations
 
 from bisect import bisect_left
+from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
-from autolayout.graph import Graph
+from autolayout.costmodel.donations import donor_writes
+from autolayout.costmodel.lifetimes import lifetimes, readers_of
+from autolayout.graph import Graph, Loop
 
-__all__ = ["NEVER", "step_arguments", "whole_call_outputs", "output_placement", "writes_over", "unplaced_output_bytes",
-           "partial_buffers"]
+__all__ = ["step_arguments", "whole_call_outputs", "output_placement", "OutputWrites", "output_writes",
+           "unplaced_output_bytes", "partial_buffers"]
 
 
 # the unit of an allocation nothing is written into before the step ends (output_placement's ``written``)
-NEVER = 1 << 62
+_NEVER = 1 << 62
 
 
 def step_arguments(graph: Graph) -> frozenset[str]:
@@ -98,11 +101,45 @@ def unplaced_output_bytes(temps: Sequence[int], free_outputs: Sequence[int], *, 
     return int(sum(free_outputs) - sum(t for t, p in zip(temps, placed) if p is not None))
 
 
-def writes_over(graph: Graph, tensor: str, output: str, readers: Mapping[str, Sequence[str]]) -> bool:
-    """Whether ``output`` is an element-wise op that reads ``tensor`` from memory (``readers``:
-    ``lifetimes.readers_of``), so XLA may write it over ``tensor``'s buffer where that read is
-    the last (:func:`output_placement`'s ``shares``)."""
-    return output in readers.get(tensor, ()) and graph.op(output).kind == "elementwise"
+class OutputWrites:
+    """In one order of a graph, what :func:`output_placement` needs to tell whether a live tensor
+    may go into an output's allocation or a copied parameter's own buffer: the unit each top-level
+    tensor is last read at (``lifetimes.lifetimes``; a scan body's tensors, at their scan's unit),
+    the unit each output is written at, each copied parameter's update over its own buffer
+    (``donations.donor_writes``), and who reads each tensor. ``predict`` (``memory._output_peak``)
+    and the search (``search.liveness.total_at``) both place with :meth:`reuse` (one rule)."""
+
+    def __init__(self, graph: Graph) -> None:
+        units, alloc, free = lifetimes(graph)
+        self.graph = graph
+        self.last = dict(free)
+        for i, u in enumerate(units):
+            if isinstance(u, Loop):
+                self.last.update((n, i) for n in u.body)
+        self.written = {o: alloc[o] for o in whole_call_outputs(graph) if o in alloc}
+        self.donors = donor_writes(graph)
+        self.readers = readers_of(graph)
+
+    def reuse(self, temps: Sequence[str], free: Sequence[str], donors: Sequence[str]) -> dict:
+        """:func:`output_placement`'s keywords for the buffers of live names ``temps`` (one entry
+        per buffer) and the allocations of outputs ``free`` then the own buffers of copied parameters
+        ``donors``: a name that is no tensor (a running op's buffer, a span's) dies after the point
+        (-1). A temporary read last where its allocation is written goes in only where the writer is
+        an element-wise op that reads it from memory (XLA writes it over the temporary's buffer)."""
+        writers = list(free) + [self.donors[p][1] for p in donors]
+
+        def shares(k: int, a: int) -> bool:
+            return writers[a] in self.readers.get(temps[k], ()) and self.graph.op(writers[a]).kind == "elementwise"
+
+        return dict(lasts=[self.last.get(n, -1) for n in temps],
+                    written=[self.written.get(o, _NEVER) for o in free] + [self.donors[p][0] for p in donors],
+                    shares=shares, names=[n if n in self.last else "" for n in temps])
+
+
+@lru_cache(maxsize=64)
+def output_writes(graph: Graph) -> OutputWrites:
+    """:class:`OutputWrites` of ``graph`` (in the order it is given), built once."""
+    return OutputWrites(graph)
 
 
 def partial_buffers(partial: int, relayout: int) -> tuple[int, ...]:

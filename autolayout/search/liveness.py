@@ -32,7 +32,7 @@ Where the step has outputs that XLA allocates for the whole call
 (``outputs.whole_call_outputs``), a point's bytes are its live bytes plus
 ``outputs.unplaced_output_bytes`` of the outputs not yet written there (their allocations
 less the live temporaries they can hold, a tensor only one it dies before the output is written:
-:class:`OutputWrites`, per order): :func:`peak_of`. That term is not linear in the
+``outputs.OutputWrites``, per order): :func:`peak_of`. That term is not linear in the
 layout (which temporary fits which allocation depends on their local sizes), so the
 search's rows are the live sums alone (:func:`live_peak_of`, a lower bound of it at every
 point) and ``search/solver.py`` cuts off a layout that meets them but not :func:`peak_of`
@@ -76,17 +76,17 @@ from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.gradients import (REDUCTIONS, combined_point, combined_reductions, deferred_reductions,
                                             gradient_reducers, gradient_reduction)
 from autolayout.costmodel.phases import collective_points, collective_sequence, split_reductions
-from autolayout.costmodel.donations import donor_writes, param_copy_spans
+from autolayout.costmodel.donations import param_copy_spans
 
-from autolayout.costmodel.lifetimes import lifetimes, readers_of, schedule_points
-from autolayout.costmodel.outputs import (NEVER, partial_buffers, step_arguments, unplaced_output_bytes,
-                                          whole_call_outputs, writes_over)
+from autolayout.costmodel.lifetimes import lifetimes, schedule_points
+from autolayout.costmodel.outputs import (OutputWrites, output_writes, partial_buffers, step_arguments,
+                                          unplaced_output_bytes, whole_call_outputs)
 from autolayout.graph import Graph, Loop
 from autolayout.search.names import (SPAN_KINDS, TRANSIENT_PARTS, combined, donor, donor_param, held, is_donor,
                                      is_layout_sized, is_param_copy, is_partial, is_transient, op_of, param_copy,
                                      partial, pending, relayout, result, transient, transient_part)
 
-__all__ = ["LivePoints", "OutputWrites", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
+__all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
            "reduction_of"]
 
 class LivePoints(list):
@@ -128,7 +128,7 @@ class LivePoints(list):
         return [i for i, g in enumerate(self.guards) if g is None or order in g]
 
     def writes_of(self, size: Mapping[str, int]) -> OutputWrites | None:
-        """The :class:`OutputWrites` of the layout whose bytes are ``size``: of its order
+        """The ``outputs.OutputWrites`` of the layout whose bytes are ``size``: of its order
         (:func:`reduction_of`) where the orders' differ; None without outputs allocated for the
         whole call."""
         if len(self.writes) <= 1 or len({id(w) for w in self.writes.values()}) == 1:
@@ -148,36 +148,6 @@ class LivePoints(list):
                 self._split.append((temps,
                                     tuple(o for o in outputs if o not in here)))
         return self._split
-
-
-class OutputWrites:
-    """In one order of a graph, what ``outputs.output_placement`` needs to tell whether a live
-    tensor may share an output's allocation (``predict``'s rule, ``memory._output_peak``): the
-    unit each top-level tensor is last read at (``lifetimes.lifetimes``; a scan body's tensors, at
-    their scan's unit), the unit each output is written at (and each copied parameter's update over
-    its own buffer, ``donations.donor_writes``), and who reads each tensor."""
-
-    def __init__(self, graph: Graph) -> None:
-        units, alloc, free = lifetimes(graph)
-        self.graph = graph
-        self.last = dict(free)
-        for i, u in enumerate(units):
-            if isinstance(u, Loop):
-                self.last.update((n, i) for n in u.body)
-        self.written = {o: alloc[o] for o in whole_call_outputs(graph) if o in alloc}
-        self.donors = donor_writes(graph)
-        self.readers = readers_of(graph)
-
-    def reuse(self, temps: Sequence[str], free: Sequence[str], donors: Sequence[str]) -> dict:
-        """``outputs.output_placement``'s keywords for the buffers of live names ``temps`` (one entry
-        per buffer) and the allocations of outputs ``free`` then the own buffers of copied parameters
-        ``donors`` (``donations.donor_writes``), as ``predict`` gives them (``memory._output_peak``):
-        a name that is no tensor (a running op's buffer, a span's) dies after the point (-1)."""
-        writers = list(free) + [self.donors[p][1] for p in donors]
-        return dict(lasts=[self.last.get(n, -1) for n in temps],
-                    written=[self.written.get(o, NEVER) for o in free] + [self.donors[p][0] for p in donors],
-                    shares=lambda k, a: writes_over(self.graph, temps[k], writers[a], self.readers),
-                    names=[n if n in self.last else "" for n in temps])
 
 
 def reduction_of(graph: Graph, size: Mapping[str, int]) -> str:
@@ -297,7 +267,7 @@ def _live_points(graph: Graph, *, early: bool, combines: bool) -> LivePoints:
         add(live, None, ops[:-1], copies_at(None, i, False), (partial(ops[-1]),), combining=False)
     outputs = whole_call_outputs(graph)
     return LivePoints(points, outputs, step_arguments(graph),
-                      writes={None: OutputWrites(graph)} if outputs or param_copy_spans(graph) else None)
+                      writes={None: output_writes(graph)} if outputs or param_copy_spans(graph) else None)
 
 
 def peak_of(points: Sequence[Sequence[str]], size: Mapping[str, int]) -> tuple[int, int]:
