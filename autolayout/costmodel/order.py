@@ -21,6 +21,19 @@ taken from the queue, so each runs as soon as its operands are ready, in the ord
 ready. What it orders are the computation's instructions after fusion: here the ops that write
 their output to memory (``Op.materialised``), each with the element-wise producers fused into it
 (which read their operands where it runs), and at the top level each scan as one ``while``.
+The ready instructions an operand releases are queued in the order of its ``users()`` list, which
+the model takes as the traced order. XLA's passes rewrite that list (a consumer fused or rewritten
+is removed from it and its new instruction appended; the fusion pass visits consumers last
+first: ``xla/service/instruction_fusion.cc``, ``ReversePostOrderFusionQueue``,
+``AddFusionInstruction``), so where one value releases several instructions XLA may queue them otherwise. Measured
+(``benchmarks/memory_vs_xla.py --predict``, 803 stored rows, session 21): the MLP's replicated
+step with a regression loss runs the input gradient's dot before the weight gradient's (optimized
+HLO, positions 15 and 16), the traced order the other way round; queueing every value's readers
+in reverse traced order gives that step XLA's live peak exactly (0.875 -> 0.958 of
+``memory_analysis()``) but puts 763 rows within 10% (769 in the traced order; the MoE training
+steps, whose routing values XLA duplicates into each consumer fusion and whose operand copies are
+instructions of their own: 8 leave the 10% band, 2 enter), reversing only the contractions among
+them 766.
 
 On hardware that combines the step's gradient all-reduces into one
 (``Hardware.combines_gradient_reductions``: XLA:CPU's ``AllReduceCombiner``), that one
