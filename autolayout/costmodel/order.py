@@ -26,7 +26,7 @@ the model takes as the traced order. XLA's passes rewrite that list (a consumer 
 is removed from it and its new instruction appended; the fusion pass visits consumers last
 first: ``xla/service/instruction_fusion.cc``, ``ReversePostOrderFusionQueue``,
 ``AddFusionInstruction``), so where one value releases several instructions XLA may queue them otherwise. Measured
-(``benchmarks/memory_vs_xla.py --predict``, 803 stored rows, session 21): the MLP's replicated
+(``benchmarks/memory_vs_xla.py --predict``, 803 stored rows, session 20): the MLP's replicated
 step with a regression loss runs the input gradient's dot before the weight gradient's (optimized
 HLO, positions 15 and 16), the traced order the other way round; queueing every value's readers
 in reverse traced order gives that step XLA's live peak exactly (0.875 -> 0.958 of

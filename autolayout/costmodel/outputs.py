@@ -60,7 +60,7 @@ def output_placement(temps: Sequence[int], free_outputs: Sequence[int], *, lasts
     places each buffer once for its whole life, which may hold less (a lower bound on XLA's
     figure, given the model's buffers). Placing the model's buffers so, once each, largest first
     (then the one live first) into the smallest allocation free for the whole of its life, was
-    measured against the 803 stored rows of ``benchmarks/memory_vs_xla.py --predict`` (session 21):
+    measured against the 803 stored rows of ``benchmarks/memory_vs_xla.py --predict`` (session 20):
     761 within 10% against 769 point by point (the MLP's replicated step 1.047 -> 1.142 of
     ``memory_analysis()``): the model's buffers are not XLA's (a contraction's result is one buffer
     in its phase and another after it), so the placement stays point by point.
