@@ -23,27 +23,27 @@ their output to memory (``Op.materialised``), each with the element-wise produce
 (which read their operands where it runs), and at the top level each scan as one ``while``.
 The ready instructions an operand releases are queued in the order of its ``users()`` list, which
 the model takes as the traced order. XLA's passes rewrite that list (a consumer fused or rewritten
-is removed from it and its new instruction appended; the fusion pass visits consumers last
-first: ``xla/service/instruction_fusion.cc``, ``ReversePostOrderFusionQueue``,
-``AddFusionInstruction``), so where one value releases several instructions XLA may queue them otherwise. Measured
-(``benchmarks/memory_vs_xla.py --predict``, 803 stored rows, session 20): the MLP's replicated
-step with a regression loss runs the input gradient's dot before the weight gradient's (optimized
-HLO, positions 15 and 16), the traced order the other way round; queueing every value's readers
-in reverse traced order gives that step XLA's live peak exactly (0.875 -> 0.958 of
+is removed from it and its new instruction appended; the fusion pass visits consumers last first:
+``xla/service/instruction_fusion.cc``, ``ReversePostOrderFusionQueue``, ``AddFusionInstruction``),
+so where one value releases several instructions XLA may queue them otherwise. Measured
+(``benchmarks/memory_vs_xla.py --predict``, 803 stored rows, session 20): the MLP's replicated step
+with a regression loss runs the input gradient's dot before the weight gradient's (optimized HLO,
+positions 15 and 16), the traced order the other way round; queueing every value's readers in
+reverse traced order gives that step XLA's live peak exactly (0.875 -> 0.958 of
 ``memory_analysis()``) but puts 763 rows within 10% (769 in the traced order; the MoE training
 steps, whose routing values XLA duplicates into each consumer fusion and whose operand copies are
 instructions of their own: 8 leave the 10% band, 2 enter), reversing only the contractions among
 them 766. Two rules from XLA's mechanism together (each alone loses rows: 766, 763) put 774 within
 10%: a dot's transposing copy of an operand (``copies.copy_spans``' groups) as an instruction of
 its own, queued when the operand leaves the queue and read by the group's dots, and each value's
-readers queued in reverse post order of the graph (a depth-first walk from the outputs, operands
-in order: ``HloComputation::MakeInstructionPostOrder``, the fusion queue's order). That gives the
-MoE training step XLA's order and peak (1.124 -> 0.999; 13 of its rows enter the band) but moves
-the median error from 2.0% to 2.4% (73 rows more than 3 points further from XLA, 22 closer): XLA
-holds a value and all its copies while it makes them (at most one of them is the model's
-original; it frees the value after its last copy), and in the model's walk a copy has no point
-of its own, so those rows (NNX LLaMA, the top-2 MoE) fall under XLA's figure (the MoE step with
-``d_ff`` on ``model``: 0.999 -> 0.883; XLA's peak is at the last of four copies made after one
+readers queued in reverse post order of the graph (a depth-first walk from the outputs, operands in
+order: ``HloComputation::MakeInstructionPostOrder``, the fusion queue's order). That gives the MoE
+training step XLA's order and peak (1.124 -> 0.999; 12 of its rows enter the band, 7 leave) but
+moves the median error from 2.0% to 2.4% (73 rows more than 3 points further from XLA, 22 closer):
+while XLA makes a value's copies it holds the value and every copy made so far (it frees the value
+after the last), which the model, holding the value and one copy fewer and having no point at a
+copy, does not see, so those rows (NNX LLaMA, the top-2 MoE) fall under XLA's figure (the MoE step
+with ``d_ff`` on ``model``: 0.999 -> 0.883; XLA's peak is at the last of four copies made after one
 dot, of two values). Not kept; the next step is a point per copy instruction, in the order the
 queue makes them after a unit (as ``phases.collective_sequence`` does for collectives), in
 ``memory.peak_memory`` and the search's live sets.
