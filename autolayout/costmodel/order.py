@@ -46,7 +46,10 @@ copy, does not see, so those rows (NNX LLaMA, the top-2 MoE) fall under XLA's fi
 with ``d_ff`` on ``model``: 0.999 -> 0.883; XLA's peak is at the last of four copies made after one
 dot, of two values). Not kept; the next step is a point per copy instruction, in the order the
 queue makes them after a unit (as ``phases.collective_sequence`` does for collectives), in
-``memory.peak_memory`` and the search's live sets.
+``memory.peak_memory`` and the search's live sets. A first try at those points in predict (top
+level only, each copy's buffer from its instruction on) fixed that row (0.999) but put 736 rows
+within 10%: the copies of element-wise values XLA recomputes in the copy's own fusion, those in
+scan bodies and those of step arguments each need their instruction's place, measured case by case.
 
 On hardware that combines the step's gradient all-reduces into one
 (``Hardware.combines_gradient_reductions``: XLA:CPU's ``AllReduceCombiner``), that one
