@@ -129,7 +129,7 @@ class LivePoints(list):
 
     def writes_of(self, size: Mapping[str, int]) -> OutputWrites | None:
         """The ``outputs.OutputWrites`` of the layout whose bytes are ``size``: of its order
-        (:func:`reduction_of`) where the orders' differ; None without outputs allocated for the
+        (:func:`reduction_of`) where the orders differ; None without outputs allocated for the
         whole call."""
         if len(self.writes) <= 1 or len({id(w) for w in self.writes.values()}) == 1:
             return next(iter(self.writes.values()), None)
