@@ -15,6 +15,8 @@ live sets against ``predict`` on the profile that has the rules on.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -29,8 +31,9 @@ from autolayout.costmodel.gradients import SCATTERED, combined_reductions
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.copies import copy_spans, copy_transient_bytes
 from autolayout.costmodel.lifetimes import lifetimes
+from autolayout.costmodel.plan import plan
 from autolayout.costmodel.reductions import reduction_bytes
-from autolayout.costmodel.rules import op_cost
+from autolayout.costmodel.rules import op_cost, price
 from autolayout.search import enumerate_layouts
 from autolayout.search.liveness import peak_of
 from autolayout.search.names import is_copy, is_gathered, is_held
@@ -285,9 +288,6 @@ def test_a_reduce_scatters_relayout_copy_is_held_with_its_collective_not_its_con
     devices: its dot writes the full partial sums (128 KiB); the relayout copy (128 KiB more) is an
     instruction of its own after the dot (test_memory_phases.py's XLA check), so the op's
     contraction holds the partial sums alone, its collective both."""
-    from autolayout.costmodel.plan import plan
-    from autolayout.costmodel.rules import price
-
     g, mesh = _mlp(), Mesh.parse(MESH)
     p = plan(g, mesh, Layout.parse("batch:data,model|*:data,model@3"))
     oc = price(p.ops["grad/w"], g.op("grad/w"), mesh, CPU)
@@ -540,3 +540,67 @@ def test_top_level_gathers_start_at_the_step_start_only_on_a_breadth_first_sched
     lm = models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32)
     for loop in lm.loops:
         assert spans(lm, True)[loop] == spans(lm, False)[loop] == shared_reads(lm)[1][loop]
+
+
+
+RENAME_LAYOUTS = {  # layout: (the gathered block a rename of the keys' or values' length holds, its output's bytes)
+    "length:model;length_1:data": (65536, 32768),  # gathered over model, sliced over data
+    "length:data;length_1:model": (65536, 16384),  # gathered over data, sliced over model
+    "length:model": (0, 65536),  # gathered, not sliced: the gathered block is the output
+    "length_1:model": (0, 16384),  # sliced locally, nothing gathered
+}
+
+
+def _lm_forward():
+    return models.transformer_lm(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8,
+                                 length=32, train=False)
+
+
+def _forward_renames(g):
+    """The forward scan's renames of the keys' and values' ``length`` (of two contractions)."""
+    (body,) = [lp.body for lp in g.loops.values()]
+    return [n for n in body if g.op(n).fn == "rename" and g.op(g.op(n).inputs[0]).kind == "einsum"]
+
+
+def _rename_transients(g, layout: str) -> list[int]:
+    p = plan(g, Mesh.parse(MESH), Layout.coerce(layout))
+    return [price(p.ops[n], g.op(n), Mesh.parse(MESH), CPU).transient_bytes for n in _forward_renames(g)]
+
+
+@pytest.mark.parametrize("layout", list(RENAME_LAYOUTS), ids=[lay.replace(";", "+") for lay in RENAME_LAYOUTS])
+def test_a_rename_between_mesh_axes_holds_its_gathered_block_by_hand(layout):
+    """By hand, the zoo transformer's forward scan (batch 8, length 32, heads 4, d_kv 16, float32)
+    on ``data:2,model:4``: a rename of the keys' or values' ``length`` to ``length_1`` that moves
+    the dim from one mesh axis to another all-gathers the local block over the old axis and keeps
+    its slice for the new one (``placement.move_buffer_bytes``): while it runs it holds the
+    gathered block, the whole length (``8 * 32 * 4 * 16 * 4`` bytes), beside its output
+    (``length_1`` split over the new axis); where it only gathers or only slices it holds nothing
+    but its output."""
+    g = _lm_forward()
+    held, out = RENAME_LAYOUTS[layout]
+    assert len(_forward_renames(g)) == 2
+    assert _rename_transients(g, layout) == [held, held]
+    p = plan(g, Mesh.parse(MESH), Layout.coerce(layout))
+    assert [p.local_bytes[n] for n in _forward_renames(g)] == [out, out]
+
+
+def test_xla_cpu_all_gathers_a_renamed_block_before_slicing_it():
+    """XLA:CPU's optimized HLO of the zoo transformer's forward pass under
+    ``length:model;length_1:data``: the scan body all-gathers the keys and the values over
+    ``model`` to the whole length (``f32[4,8,8,4,16]``, 64 KiB, twice the renamed tensor, which
+    is split over ``data``): the block the model's renames hold while they run
+    (``placement.move_buffer_bytes``). The peak is within 10% of ``memory_analysis()``
+    (``tests/test_memory_xla.py``)."""
+    import re
+
+    from autolayout.exec import execute
+
+    g = _lm_forward()
+    layout = "length:model;length_1:data"
+    ex = execute(g, MESH, layout, repeats=1, reference=False)
+    (body,) = _scheduled_bodies(ex.compiled_hlo_text).values()
+    gathered = [4 * math.prod(int(x) for x in m.group(1).split(","))
+                for line in body if (m := re.search(r"= f32\[([\d,]+)\]\S* all-gather\(", line))]
+    assert sorted(gathered) == sorted(_rename_transients(g, layout)) == [65536, 65536]
+    kinds = {(c.kind, c.mesh_axes) for c in ex.predicted.collectives if c.op in _forward_renames(g)}
+    assert kinds == {("all-gather", ("model",))}

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from autolayout.core import Mesh
 
-__all__ = ["Placement", "Step", "Moves", "moves", "conversion", "reduction", "mesh_order",
+__all__ = ["Placement", "Step", "Moves", "moves", "conversion", "reduction", "mesh_order", "move_buffer_bytes",
            "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"]
 
 ALL_REDUCE = "all-reduce"
@@ -286,6 +286,30 @@ def move_steps(tensor: str, mv: Moves, operand_bytes: int, mesh: Mesh) -> list[S
         dim = ",".join(dict.fromkeys(mv.held_in[a] for a in mv.all_gather))
         out.append(Step(ALL_GATHER, tensor, mv.all_gather, _prod(mesh, mv.all_gather), operand_bytes, dim))
     return out
+
+
+def move_buffer_bytes(mv: Moves, steps: Sequence[Step]) -> int:
+    """The bytes of the all-gathers' own buffers among ``steps`` (:func:`move_steps` of ``mv``)
+    where ``mv`` slices the gathered result locally (``mv.slices``): a regrouping that moves a
+    dim from one mesh axis to another (an attention's ``length:model -> length_1:data`` rename)
+    all-gathers the local block over the old axis, each device then keeping its slice for the
+    new one. The gathered block is a buffer of its own, the group size times the operand,
+    beside the sliced output while the op runs; 0 where nothing is sliced (the gathered block is
+    the output) or nothing gathered. ``Planner`` adds it to the op's transient bytes
+    (``OpPlan.temp_bytes``), which ``predict`` and the search's tables both read (one rule).
+
+    Measured in XLA:CPU's optimized HLO (jax 0.10.2, 8 CPU devices,
+    ``benchmarks/memory_vs_xla.py``): ``transformer_lm``'s forward scan under
+    ``length:model;length_1:data`` all-gathers the keys and the values over ``model``
+    (``all_gather_invariant.21``, ``.23``: ``f32[4,8,8,4,16]``, 64 KiB each, twice the
+    renamed tensors), back to back as the breadth-first schedule queues them, and slices them
+    in the transposing copies that read them; the two are live together at XLA's peak. Without
+    this buffer the model's peak was 0.880 and 0.872 of ``memory_analysis()`` on the two such
+    rows of the 803 stored (``--predict``); with it 0.960 and 0.936, no other row moving
+    (``tests/test_memory_xla.py``, ``tests/test_reshapes.py``)."""
+    if not mv.slices:
+        return 0
+    return int(sum(s.bytes * s.group_size for s in steps if s.kind == ALL_GATHER))
 
 
 # ------------------------------------------------------------------- conversions

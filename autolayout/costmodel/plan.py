@@ -47,7 +47,8 @@ from typing import Any
 
 from autolayout.core import Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Placement, Step, conversion,
-                                            mesh_order, move_steps, moves, reduce_target, reduction)
+                                            mesh_order, move_buffer_bytes, move_steps, moves, reduce_target,
+                                            reduction)
 from autolayout.costmodel.regions import EMPTY as EMPTY_REGIONS
 from autolayout.costmodel.regions import NORM, Regions, region_axes, regions
 from autolayout.costmodel.sharing import SOURCES, held_whole, shared_providers, shared_reads
@@ -122,7 +123,9 @@ class OpPlan:
     move_steps: tuple[Step, ...] = ()
     loop_back: Conversion | None = None
     reads: Mapping[str, Placement] = field(default_factory=dict)
-    temp_bytes: int = 0  # transient buffers while the op runs: inputs it gathered (e.g. FSDP weights)
+    # transient buffers while the op runs: inputs it gathered (e.g. FSDP weights), and a reshape's
+    # all-gathered block before it slices it (:func:`~.placement.move_buffer_bytes`)
+    temp_bytes: int = 0
     reduced: Placement | None = None  # where out_steps reduce to, when out_conversion then moves it
     # inputs read from another op's conversion (input -> that op; :func:`shared_reads`), and the
     # bytes of this op's conversions that later readers share (held from here to the last of them)
@@ -408,6 +411,8 @@ class Planner:
         spans = dict(spans or {})  # converted copies held for later readers: spans of their own
         temp = sum(c.dst.local_elements(self.sizes, self.mesh) * self.graph.tensor(name).itemsize
                    for name, c in conversions.items() if c.steps and name not in spans)
+        if mv is not None:  # a regrouping's all-gathered block before its slice (move_buffer_bytes)
+            temp += move_buffer_bytes(mv, move_list)
         return OpPlan(op.name, op.kind, op.multiplicity, op_axes, flat, conversions, mv, computed, out,
                       tuple(out_steps), out_conv, int(flops), int(nbytes), dtype, tuple(move_list), loop_back,
                       dict(reads or {}), int(temp), reduced, dict(shared or {}), spans)
