@@ -285,3 +285,35 @@ def test_predict_mode_reads_back_a_stored_row(tmp_path):
     got = bench.repredict(g, lay, xla)
     want = predict(g, bench.MESH, "", hardware="cpu").memory_bytes
     assert got["predicted"] == want and got["ratio"] == want / 1000000 and got["layout"] == "(replicated)"
+
+
+def test_predict_mode_reads_back_xlas_split(tmp_path):
+    """A row stored with ``--live``'s columns comes back with XLA's live peak and the rest of its
+    figure (``stored_parts``), which ``repredict`` keeps beside the prediction; a row stored
+    without them comes back with none."""
+    f = tmp_path / "rows.csv"
+    f.write_text("model,layout,predicted,xla,ratio,live_bytes,at,idle_output_bytes,heap_gap_bytes\n"
+                 "mlp-train,(replicated),1,1000000,1.0,900000,7,60000,40000\n"
+                 "mlp-train,batch:data,1,1000000,1.0,,,,\n")
+    parts = bench.stored_parts([str(f)])
+    assert parts == [{"live_bytes": 900000, "idle_output_bytes": 60000, "heap_gap_bytes": 40000}, {}]
+    (name, g, xla, lay), _ = bench.stored_rows([str(f)])
+    got = bench.repredict(g, lay, xla, parts[0])
+    assert (got["xla"], got["live_bytes"], got["heap_gap_bytes"]) == (1000000, 900000, 40000)
+
+
+def test_stored_samples_split_xlas_figure():
+    """Every row of the stored samples (``reports/memory_xla/``, measured with ``--live``) carries
+    XLA's live peak, read off the compiled program's buffer assignment (``xla_live.live_peak``),
+    and the rest of XLA's figure: the live peak is at most ``memory_analysis()``'s figure, and it,
+    the output allocations idle there and the temp heap's fragmentation add up to at most that
+    figure (to it exactly where the heap's own peak is at the live peak)."""
+    import csv
+
+    files = sorted((Path(__file__).resolve().parents[1] / "reports" / "memory_xla").glob("*.csv"))
+    rows = [r for f in files for r in csv.DictReader(f.open(newline=""))]
+    assert len(files) == 8 and len(rows) == 803
+    for r in rows:
+        xla, live = int(r["xla"]), int(r["live_bytes"])
+        idle, gap = int(r["idle_output_bytes"]), int(r["heap_gap_bytes"])
+        assert 0 < live <= xla and idle >= 0 and gap >= 0 and live + idle + gap <= xla, r
