@@ -113,8 +113,8 @@ from autolayout.costmodel.copies import copy_span_bytes
 from autolayout.costmodel.gradients import combined_point, combined_reductions, deferred_reductions, gradient_bytes
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, schedule_points
-from autolayout.costmodel.outputs import (output_placement, output_writes, partial_buffers, step_arguments,
-                                          unplaced_output_bytes, whole_call_outputs)
+from autolayout.costmodel.outputs import (copies_as_one_buffer, output_placement, output_writes, partial_buffers,
+                                          step_arguments, unplaced_output_bytes, whole_call_outputs)
 from autolayout.costmodel.phases import pending_bytes, pending_spans, Phases, after_bytes, after_points
 from autolayout.costmodel.plan import grad_of
 from autolayout.costmodel.recomputed import recomputed_spans
@@ -406,9 +406,13 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         extras = [(what, b) for what, b in extras if not isinstance(what, tuple)]
         # the temporaries there (a parameter's copy is live from the step's start: in no allocation freed later)
         tensors = [n for n in names if n not in args and n not in outs]
-        others = [b for what, b in extras if what != "param-copy"]  # a running op's buffers, spans': no tensor
-        buffers = [size[n] for n in tensors] + others
-        reuse = writes.reuse(tensors + [""] * len(others), free_outs, [p for p, _ in mine])
+        others = [what for what in extras if what[0] != "param-copy"]  # a running op's buffers, spans': no tensor
+        keys = [f"\0{k}" for k in range(len(others))]  # no tensor's name
+        placed = copies_as_one_buffer([(n, size[n]) for n in tensors] + [(k, b) for k, (_, b) in zip(keys, others)],
+                                      {k: what[len(_REPLACING):] for k, (what, _) in zip(keys, others)
+                                       if what.startswith(_REPLACING)})
+        buffers = [b for _, b in placed]
+        reuse = writes.reuse([n if n not in keys else "" for n, _ in placed], free_outs, [p for p, _ in mine])
         total = (sum(size[n] for n in names) + sum(b for _, b in extras)
                  + unplaced_output_bytes(buffers, [size[o] for o in free_outs] + free_donors, **reuse)
                  - sum(free_donors))
@@ -496,11 +500,13 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     with their own buffers until the update (``donations.param_copy_spans``, ``"param-copy"``,
     ``("donor", parameter)``); of the last four, those the layout gives bytes."""
     out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies).items()}
+    replaced = replaced_by_copy(graph)
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:
             b = gathered.get(prov, {}).get(t, 0)
-            if b:
-                out.setdefault(loop, []).append((start, stop, b, "gathered"))
+            if b:  # a copy taking its value's place: one buffer with the value (outputs.copies_as_one_buffer)
+                kind = _REPLACING + t if (prov, t) in replaced else "gathered"
+                out.setdefault(loop, []).append((start, stop, b, kind))
     for loop, group in gather_buffer_spans(graph, early).items():
         for prov, t, start, stop in group:
             b = gather_buffers.get(prov, {}).get(t, 0)
@@ -525,6 +531,8 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     return out
 
 
+# the kind of a :func:`_spans` conversion whose copy takes the place of the value named after it
+_REPLACING = "gathered:"
 # the breakdown category of each kind of :func:`_spans` buffer (others: ``transient``)
 _SPAN_CATEGORY = {"copy": "activations", "kept": "activations", "broadcast": "activations", "param-copy": "params"}
 

@@ -71,6 +71,7 @@ for every layout; ``tests/test_search.py`` checks this against the cost model.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 from autolayout.costmodel.combine import held_pairs
 from autolayout.costmodel.gradients import (REDUCTIONS, combined_point, combined_reductions, deferred_reductions,
@@ -79,12 +80,13 @@ from autolayout.costmodel.phases import collective_points, collective_sequence, 
 from autolayout.costmodel.donations import param_copy_spans
 
 from autolayout.costmodel.lifetimes import lifetimes, schedule_points
-from autolayout.costmodel.outputs import (OutputWrites, output_writes, partial_buffers, step_arguments,
-                                          unplaced_output_bytes, whole_call_outputs)
+from autolayout.costmodel.outputs import (OutputWrites, copies_as_one_buffer, output_writes, partial_buffers,
+                                          step_arguments, unplaced_output_bytes, whole_call_outputs)
+from autolayout.costmodel.sharing import replaced_by_copy
 from autolayout.graph import Graph, Loop
-from autolayout.search.names import (SPAN_KINDS, TRANSIENT_PARTS, combined, donor, donor_param, held, is_donor,
-                                     is_layout_sized, is_param_copy, is_partial, is_transient, op_of, param_copy,
-                                     partial, pending, relayout, result, transient, transient_part)
+from autolayout.search.names import (SPAN_KINDS, TRANSIENT_PARTS, combined, donor, donor_param, gathered, held,
+                                     is_donor, is_layout_sized, is_param_copy, is_partial, is_transient, op_of,
+                                     param_copy, partial, pending, relayout, result, transient, transient_part)
 
 __all__ = ["LivePoints", "live_points", "peak_of", "total_at", "live_peak_of", "floor_of", "indices_of",
            "reduction_of"]
@@ -306,10 +308,19 @@ def total_at(points: Sequence[Sequence[str]], size: Mapping[str, int], i: int,
             if writes is None and isinstance(points, LivePoints):
                 writes = points.writes_of(size)
             buffers = [(n, b) for n in temps for b in _buffers(n, size)]  # each buffer and the name it is of
+            if writes is not None:  # a converted copy taking its value's place is one buffer with it
+                buffers = copies_as_one_buffer(buffers, _replacing(writes.graph))
             reuse = writes.reuse([n for n, _ in buffers], free, [p for p, _ in mine]) if writes is not None else {}
             total += unplaced_output_bytes([b for _, b in buffers], free_bytes + donors, **reuse)
             total -= sum(donors)
     return total
+
+
+@lru_cache(maxsize=64)
+def _replacing(graph: Graph) -> Mapping[str, str]:
+    """The :func:`gathered` names of the conversions whose copy takes its value's place
+    (``sharing.replaced_by_copy``), each to that value (``outputs.copies_as_one_buffer``)."""
+    return {gathered(prov, t): t for prov, t in replaced_by_copy(graph)}
 
 
 def _buffers(name: str, size: Mapping[str, int]) -> list[int]:
