@@ -406,7 +406,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
         extras = [(what, b) for what, b in extras if not isinstance(what, tuple)]
         # the temporaries there (a parameter's copy is live from the step's start: in no allocation freed later)
         tensors = [n for n in names if n not in args and n not in outs]
-        others = [what for what in extras if what[0] != "param-copy"]  # a running op's buffers, spans': no tensor
+        others = [(what, b) for what, b in extras if what != "param-copy"]  # a running op's buffers, spans': no tensor
         keys = [f"\0{k}" for k in range(len(others))]  # no tensor's name
         placed = copies_as_one_buffer([(n, size[n]) for n in tensors] + [(k, b) for k, (_, b) in zip(keys, others)],
                                       {k: what[len(_REPLACING):] for k, (what, _) in zip(keys, others)

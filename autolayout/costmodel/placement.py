@@ -306,7 +306,7 @@ def move_buffer_bytes(mv: Moves, steps: Sequence[Step]) -> int:
     in the transposing copies that read them; the two are live together at XLA's peak. Without
     this buffer the model's peak was 0.880 and 0.872 of ``memory_analysis()`` on the two such
     rows of the 803 stored (``--predict``); with it 0.960 and 0.936, no other row moving
-    (``tests/test_memory_xla.py``, ``tests/test_reshapes.py``)."""
+    (``tests/test_memory_xla.py``; by hand and against the HLO: ``tests/test_memory_rules.py``)."""
     if not mv.slices:
         return 0
     return int(sum(s.bytes * s.group_size for s in steps if s.kind == ALL_GATHER))
