@@ -542,7 +542,6 @@ def test_top_level_gathers_start_at_the_step_start_only_on_a_breadth_first_sched
         assert spans(lm, True)[loop] == spans(lm, False)[loop] == shared_reads(lm)[1][loop]
 
 
-
 RENAME_LAYOUTS = {  # layout: (the gathered block a rename of the keys' or values' length holds, its output's bytes)
     "length:model;length_1:data": (65536, 32768),  # gathered over model, sliced over data
     "length:data;length_1:model": (65536, 16384),  # gathered over data, sliced over model

@@ -412,7 +412,8 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                                       {k: what[len(_REPLACING):] for k, (what, _) in zip(keys, others)
                                        if what.startswith(_REPLACING)})
         buffers = [b for _, b in placed]
-        reuse = writes.reuse([n if n not in keys else "" for n, _ in placed], free_outs, [p for p, _ in mine])
+        spanned = set(keys)
+        reuse = writes.reuse([n if n not in spanned else "" for n, _ in placed], free_outs, [p for p, _ in mine])
         total = (sum(size[n] for n in names) + sum(b for _, b in extras)
                  + unplaced_output_bytes(buffers, [size[o] for o in free_outs] + free_donors, **reuse)
                  - sum(free_donors))

@@ -176,6 +176,8 @@ def copies_as_one_buffer(buffers: Sequence[tuple[str, int]], replacing: Mapping[
     at the step's start, three float32 128 KiB buffers live and every output allocation idle,
     where the model had put the two halves of a copy in two of them); 771 -> 773 within 10%,
     no other row moving."""
+    if not replacing:  # the common case, on the search's hot path: no conversion takes a value's place
+        return list(buffers)
     live, spans = {n for n, _ in buffers}, {n for n, b in buffers if b > 0}  # a span of no bytes: nothing moves
     merged = {value: name for name, value in replacing.items() if name in spans and value in live}
     if not merged:
@@ -185,6 +187,6 @@ def copies_as_one_buffer(buffers: Sequence[tuple[str, int]], replacing: Mapping[
     for n, b in buffers:
         if n in merged:
             continue  # the value's bytes go with its copy's span
-        mine = merged.get(replacing.get(n, ""), None) == n  # the span the value's bytes join
-        out.append((n, b + value_bytes[replacing[n]]) if mine else (n, b))
+        value = replacing.get(n)
+        out.append((n, b + value_bytes[value]) if merged.get(value) == n else (n, b))
     return out
