@@ -152,6 +152,13 @@ def test_from_dict_rejects_unknown_field():
         Hardware.from_dict(d)
 
 
+def test_one_scheduler_per_profile():
+    with pytest.raises(ValueError, match="'h100': breadth_first_schedule .* and min_memory_schedule .* set at most one"):
+        get_hardware("h100").replace(breadth_first_schedule=True)
+    assert get_hardware("h100").min_memory_schedule and get_hardware("h200").min_memory_schedule
+    assert not get_hardware("tpu-v5p").min_memory_schedule and not get_hardware("cpu").min_memory_schedule
+
+
 @pytest.mark.parametrize(
     ("spelling", "name"),
     [("tpu-v5e", "tpu-v5e"), ("TPU_V5E", "tpu-v5e"), ("v5e", "tpu-v5e"), ("tpu_v4", "tpu-v4"), ("H100", "h100")],

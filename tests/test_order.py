@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from autolayout import execute, models, predict, trace
-from autolayout.costmodel.order import breadth_first, fifo_order, memory_order
+from autolayout.costmodel.order import MEMORY_SCHEDULERS, breadth_first, fifo_order, memory_order, min_memory
 from autolayout.costmodel.profiles import get_hardware
 from autolayout.graph import Loop
 
@@ -25,6 +25,8 @@ from xla_schedule_live import entry_instructions  # noqa: E402
 
 CPU = get_hardware("cpu")
 TRACED_CPU = dataclasses.replace(CPU, breadth_first_schedule=False)  # the same profile walking the traced order
+H100 = get_hardware("h100")
+TRACED_H100 = dataclasses.replace(H100, min_memory_schedule=False)
 
 
 def test_fifo_order_by_hand():
@@ -222,11 +224,69 @@ def test_combined_reduction_runs_after_the_work_queued_before_the_last_gradient(
             assert any(at[d] >= last for d in deps(nxt)) or deps(nxt) & group, (c, nxt)
 
 
-@pytest.mark.parametrize("hw", ["tpu-v4", "h100"])
-def test_accelerators_walk_the_traced_order(hw):
+@pytest.mark.parametrize("hw", ["tpu-v4", "tpu-v5p"])
+def test_tpus_walk_the_traced_order(hw):
     g = models.mlp(batch=8, d_io=16, d_hidden=32)
     assert memory_order(g, get_hardware(hw)) is g
     assert memory_order(g, CPU) is not g
+
+
+def _dots_first(x, a, b):
+    u, v = x @ a, x @ b  # both dots traced first: the traced order holds both outputs
+    return jnp.sum(jnp.sin(u)) + jnp.sum(jnp.cos(v))
+
+
+def test_gpus_walk_xlas_memory_scheduler():
+    """The h100 profile walks XLA:GPU's DefaultMemoryScheduler order: each dot's sum right after it,
+    so one 64 KiB dot output is live at a time where the traced order holds both. XLA's own
+    memory-minimising DFS scheduler (XLA:CPU with its concurrency-optimised scheduler off) holds one
+    too: its temp heap is one dot output and the first sum, as the model's."""
+    g = trace(_dots_first, *_args())
+    walk = memory_order(g, H100)
+    assert walk is not g and walk.min_memory_scheduler in MEMORY_SCHEDULERS and memory_order(walk, H100) is walk
+    assert min_memory(walk, H100) is walk
+    units = [u for u in walk.schedule if "dot" in u or "reduce" in u]
+    assert all("reduce" in units[i + 1] for i in range(0, 4, 2)), units  # dot, its sum, dot, its sum
+    args_bytes = (B * D + 2 * D * H) * 4
+    traced = predict(g, "d:1", "", hardware=TRACED_H100).memory_bytes
+    # one dot output less; the first sum (4 B) is live across the second dot instead
+    assert traced - predict(g, "d:1", "", hardware=H100).memory_bytes == B * H * 4 - 4
+    assert traced >= args_bytes + 2 * B * H * 4
+    # XLA's DFS scheduler (XLA:CPU with its concurrency-optimised one off: an XLA flag, so a process
+    # of its own): one dot output and the first sum in its temp heap
+    import os
+    import subprocess
+
+    code = ("import jax, jax.numpy as jnp\n"
+            "def f(x, a, b):\n    u, v = x @ a, x @ b\n    return jnp.sum(jnp.sin(u)) + jnp.sum(jnp.cos(v))\n"
+            f"args = jnp.ones(({B}, {D})), jnp.ones(({D}, {H})), jnp.ones(({D}, {H}))\n"
+            "print(jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes)\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false", JAX_PLATFORMS="cpu",
+               JAX_NUM_CPU_DEVICES="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    assert int(out.split()[-1]) == B * H * 4 + 4
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_lm", "moe", "llama"])
+def test_min_memory_orders_within_data_flow_and_keeps_the_least_peak(name):
+    """Every computation's ops after the operands it computes, the same units; the view keeps the
+    scheduler whose live peak is least, ties to the first of list, DFS and post order."""
+    g = getattr(models, name)(**({"batch": 8, "d_io": 16, "d_hidden": 32} if name == "mlp" else {}))
+    view = memory_order(g, H100)
+    names = lambda units: sorted(u.name if isinstance(u, Loop) else u for u in units)  # noqa: E731
+    assert view.order == g.order and names(view.schedule) == names(g.schedule)
+    unit = {n: lp.name for lp in view.loops.values() for n in lp.body}
+    keys = [u.name if isinstance(u, Loop) else u for u in view.schedule]
+    at = {k: i for i, k in enumerate(keys)}
+    for k in keys:
+        for n in (view.loops[k].body if k in view.loops else (k,)):
+            assert all(at[unit.get(s, s)] <= at[k] for s in g.op(n).inputs), (k, n)
+    for lp in view.loops.values():
+        pos = {n: i for i, n in enumerate(lp.body)}
+        assert all(pos[s] < pos[n] for n in lp.body for s in g.op(n).inputs if s in pos), lp.name
+    peaks = view.min_memory_peaks
+    assert set(peaks) == set(MEMORY_SCHEDULERS) and all(p > 0 for p in peaks.values())
+    assert view.min_memory_scheduler == min(MEMORY_SCHEDULERS, key=lambda s: (peaks[s], MEMORY_SCHEDULERS.index(s)))
 
 
 def test_with_schedule_rejects_other_units():

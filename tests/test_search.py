@@ -198,17 +198,25 @@ def test_rediscovers_the_paper_mlp_layouts(name, mesh, expected):
 CASES_LIVENESS = [("mlp", "rows:2,cols:4"), ("moe", "rows:2,cols:2"), ("transformer", "rows:2,cols:2")]
 
 
+# the profile's memory order: tpu-v3 the traced one, h100 XLA:GPU's DefaultMemoryScheduler's
+# (costmodel.order.min_memory; fused attention off, the graph predict prices as kernel_graph leaves it)
+LIVENESS_HARDWARE = {"tpu-v3": get_hardware("tpu-v3"), "h100": get_hardware("h100").replace(fused_attention=False)}
+
+
+@pytest.mark.parametrize("hw", sorted(LIVENESS_HARDWARE))
 @pytest.mark.parametrize("name, mesh", CASES_LIVENESS, ids=["-".join(c) for c in CASES_LIVENESS])
-def test_live_sets_reproduce_predict_memory(name, mesh):
-    g, mesh = graph(name), Mesh.parse(mesh)
-    tables = Tables(g, mesh, get_hardware("tpu-v3"))
+def test_live_sets_reproduce_predict_memory(name, mesh, hw):
+    g, mesh, hw = graph(name), Mesh.parse(mesh), LIVENESS_HARDWARE[hw]
+    tables = Tables(g, mesh, hw)
+    assert (getattr(tables.graph, "min_memory_of", None) is g) == hw.min_memory_schedule
     wus, _ = wus_options(tables)
     points = search_points(tables)
     layouts = list(enumerate_layouts(g, mesh))
     for lay in layouts[:: max(1, len(layouts) // 12)]:
         # the layout, then with every parameter's storage sharded that can be, at each ZeRO stage
         for lw, point in storage_variants(tables, wus, lay):
-            assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw).memory_bytes, str(lw)
+            assert peak_of(points, sizes_of(tables, wus, point))[0] == predict(g, mesh, lw, hardware=hw).memory_bytes, \
+                str(lw)
 
 
 CASES_COPIES = [("mlp_mse", "rows:2,cols:4", {True, False}), ("moe_mse", "rows:2,cols:2", {True, False}),
@@ -234,10 +242,12 @@ def test_live_sets_reproduce_predict_memory_where_xla_copies_donated_parameters(
     assert copies == copied  # copied under some layouts, in place under others
 
 
-def test_search_with_copied_parameters_keeps_the_budget_and_is_exact():
-    """The copies are sized by the whole layout, outside the linear rows: the solver cuts off a
-    layout they put over the budget, and the result is the fastest that fits (exhaustive)."""
-    g, mesh, hw = graph("moe_mse"), "rows:2,cols:2", "cpu"
+@pytest.mark.parametrize("name, hw", [("moe_mse", "cpu"), ("transformer", "h100")], ids=["cpu-copies", "h100-order"])
+def test_search_under_a_budget_is_exact(name, hw):
+    """The fastest layout that fits (exhaustive): on cpu, where XLA's copies of donated parameters are
+    sized by the whole layout, outside the linear rows (the solver cuts off a layout they put over
+    the budget); on h100, in XLA:GPU's memory scheduler's order (``costmodel.order.min_memory``)."""
+    g, mesh = graph(name), "rows:2,cols:2"
     free = search(g, mesh, hardware=hw, memory_limit=INF, shard_weight_update=False, **MTF)
     limit = free.cost.memory_bytes - 1
     expected = oracle(g, mesh, hw, memory_limit=limit)

@@ -232,6 +232,11 @@ class Hardware:
             not ordered before its update still reads, so that the copy is live from the step's
             start to its last reader (:mod:`~autolayout.costmodel.donations`); see
             :data:`~autolayout.costmodel.profiles.SRC_CPU_DONATED_COPIES`.
+        min_memory_schedule: whether the compiler orders each computation with XLA's
+            ``DefaultMemoryScheduler`` (the least peak of list, DFS and post-order schedules), the
+            order the memory model then walks (:func:`~autolayout.costmodel.order.min_memory`);
+            see :data:`~autolayout.costmodel.profiles.SRC_GPU_SCHEDULE`. Without it or
+            ``breadth_first_schedule``, the model walks the traced order.
         ynn_reductions: whether a reduction with at least 4096 elements on a device runs as a
             YNNPACK fusion that reads a broadcast of a value from memory
             (:mod:`~autolayout.costmodel.broadcasts`; XLA:CPU); see
@@ -268,6 +273,7 @@ class Hardware:
     upcasts_half_collectives: bool = False  # SRC_CPU_HALF_COLLECTIVES: XLA:CPU; accelerators move bf16 natively
     ynn_reductions: bool = False  # SRC_CPU_YNN: XLA:CPU; accelerators fuse a broadcast into its readers
     copies_donated_parameters: bool = False  # SRC_CPU_DONATED_COPIES: XLA:CPU; XLA:GPU does not follow the rule
+    min_memory_schedule: bool = False  # SRC_GPU_SCHEDULE: XLA:GPU; TPU's scheduler is not published
 
     def __post_init__(self) -> None:
         peak = self.peak_flops
@@ -286,6 +292,9 @@ class Hardware:
         for k, v in peak_t:
             if not v > 0:
                 raise ValueError(f"Hardware {self.name!r}: peak_flops[{k!r}] must be > 0, got {v}")
+        if self.breadth_first_schedule and self.min_memory_schedule:
+            raise ValueError(f"Hardware {self.name!r}: breadth_first_schedule (XLA:CPU's scheduler) and "
+                             "min_memory_schedule (XLA:GPU's) are two schedulers; set at most one")
         if not self.hbm_bytes > 0 or not self.hbm_bandwidth > 0:
             raise ValueError(f"Hardware {self.name!r}: hbm_bytes and hbm_bandwidth must be > 0")
         if not 0 <= self.op_overhead_s < float("inf"):
@@ -369,6 +378,7 @@ class Hardware:
             "upcasts_half_collectives": self.upcasts_half_collectives,
             "ynn_reductions": self.ynn_reductions,
             "copies_donated_parameters": self.copies_donated_parameters,
+            "min_memory_schedule": self.min_memory_schedule,
         }
 
     @classmethod

@@ -497,6 +497,7 @@ def calibrate(mesh: Any, *, quick: bool = False, devices: Sequence[Any] | None =
         # XLA:CPU's YNNPACK reductions read broadcasts from memory (profiles.SRC_CPU_YNN)
         ynn_reductions=platform == "cpu",
         copies_donated_parameters=platform == "cpu",  # SRC_CPU_DONATED_COPIES
+        min_memory_schedule=platform == "gpu",  # XLA:GPU's DefaultMemoryScheduler (profiles.SRC_GPU_SCHEDULE)
         description=(f"measured by autolayout.exec.calibrate on {ndev} {platform} devices "
                      f"(mesh {amesh}, quick={quick}), all devices running at once"),
         sources=tuple(notes),
