@@ -21,8 +21,6 @@ GPU = ROOT / "reports" / "gpu"
 # Steps whose predicted peak memory is off XLA:GPU's by more than 10%, each with the reason read
 # from its compiled HLO (reports/gpu/hlo.zip, reports/gpu/findings.md): strict xfails.
 MEMORY_OFF = {
-    "gpt-350m-remat": "0.88: XLA:GPU fills the backward scan's gradient stacks before the forward scan, so they "
-                      "are live at the loss; the model allocates them at the backward scan",
     "gpt-tiny": "0.89 of XLA's live peak: a cuBLAS matmul's 32 MiB workspace (s8[33554432]) is live at it, and "
                 "more; the workspace priced on every contraction was tried and not landed (findings.md)",
     "mlp-large": "0.72: a multi-output fusion writes the pre-activation and its ReLU select as two "

@@ -284,6 +284,10 @@ def test_min_memory_orders_within_data_flow_and_keeps_the_least_peak(name):
     for lp in view.loops.values():
         pos = {n: i for i, n in enumerate(lp.body)}
         assert all(pos[s] < pos[n] for n in lp.body for s in g.op(n).inputs if s in pos), lp.name
+    # each stacked output exists from its zero fill, an instruction the scheduler places before its scan
+    loops_at = {u.name: i for i, u in enumerate(view.schedule) if isinstance(u, Loop)}
+    assert set(view.stack_fills) == {st for lp in g.loops.values() for st in lp.stacks}
+    assert all(view.stack_fills[st] <= loops_at[lp.name] for lp in g.loops.values() for st in lp.stacks)
     peaks = view.min_memory_peaks
     assert set(peaks) == set(MEMORY_SCHEDULERS) and all(p > 0 for p in peaks.values())
     assert view.min_memory_scheduler == min(MEMORY_SCHEDULERS, key=lambda s: (peaks[s], MEMORY_SCHEDULERS.index(s)))

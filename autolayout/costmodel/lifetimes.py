@@ -35,14 +35,16 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
         else:
             unit_of[u] = i
     # a scan's stacked outputs exist from their zero fill: at the step's start in XLA:CPU's
-    # breadth-first order, else at the scan (memory module docstring); a final carry is the loop
+    # breadth-first order, where XLA:GPU's memory scheduler places it in its order (order.min_memory:
+    # the view's stack_fills), else at the scan (memory module docstring); a final carry is the loop
     # state, which the body counts while it runs (its carried values), so it takes memory from its
     # own unit
     early = _breadth_first_view(graph)
+    fills = getattr(graph, "stack_fills", None) or {}  # where a memory scheduler runs a stack's fill
     for i, u in enumerate(units):
         if isinstance(u, Loop):
             for n in u.stacks:
-                unit_of[n] = 0 if early else min(unit_of[n], i)
+                unit_of[n] = 0 if early else fills.get(n, min(unit_of[n], i))
     end = len(units)
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     body_of = {n for lp in graph.loops.values() for n in lp.body}

@@ -11,7 +11,7 @@ walk reads on ``hardware``:
 * hardware whose compiler orders each computation with XLA's ``DefaultMemoryScheduler``
   (``Hardware.min_memory_schedule``: XLA:GPU, which runs it before its latency-hiding scheduler)
   gets :func:`min_memory`: the least live peak of a list, a DFS and a post-order schedule
-  (:mod:`autolayout.costmodel.schedulers`; measured against the committed H200 programs: 14 -> 17
+  (:mod:`autolayout.costmodel.schedulers`; measured against the committed H200 programs: 14 -> 18
   of 24 steps within 10% of ``memory_analysis()``, ``profiles.SRC_GPU_SCHEDULE``);
 * other hardware gets the graph itself. XLA:TPU's scheduler is not published (a latency-hiding
   scheduler under a memory limit); the traced order, a sequential program order, is the model's
@@ -326,7 +326,11 @@ def min_memory(graph: Graph, hardware: Hardware) -> Graph:
     ``Hardware.min_memory_schedule``): every computation (the top level, each scan's body) ordered
     by each of :data:`MEMORY_SCHEDULERS` (:mod:`autolayout.costmodel.schedulers`) over its
     materialised ops (each with the element-wise producers fused into it, as :func:`breadth_first`
-    takes them) and, at the top level, each scan as one ``while``, and of the three the one whose
+    takes them) and, at the top level, each scan as one ``while`` that reads a zero fill of each of
+    its stacked outputs, an instruction of its own defining the stack (jax's scan lowering
+    broadcasts a zero into each before the loop; the view's ``stack_fills`` holds the unit each
+    fill runs right before, where :func:`~autolayout.costmodel.lifetimes.lifetimes` allocates the
+    stack), and of the three the one whose
     peak of live bytes (:func:`~autolayout.costmodel.lifetimes.lifetimes` and
     :func:`~autolayout.costmodel.lifetimes.body_lifetimes`, a body's peak added at its scan) is
     least, ties to the first (``DefaultMemoryScheduler::Run``). The view records the one it keeps
@@ -341,6 +345,7 @@ def min_memory(graph: Graph, hardware: Hardware) -> Graph:
 
 
 _PARAMETERS = ("input", "param", "opt_state", "constant")  # ListScheduler::IgnoreInstruction's
+_FILL = "\0fill:"  # a scan's stacked output's zero fill, an instruction of the schedulers (no op's name)
 
 
 @lru_cache(maxsize=64)
@@ -365,17 +370,35 @@ def _min_memory(graph: Graph, hardware: Hardware) -> Graph:
             live = set(roots) | {n for n in nodes if any(r not in body for r in readers[n])}
             order = _schedule(algo, graph, nodes, deps, {n: size[n] for n in nodes}, live, roots, carried)
             loops[lp.name] = dataclasses.replace(lp, body=_with_fused(order, lp.body, readers))
-        nodes = [k for k in keys if k in loops or graph.op(k).materialised]
-        deps, defined = {}, {}
-        for k in nodes:
+        nodes, deps, defined = [], {}, {}
+        for k in keys:
+            if k not in loops and not graph.op(k).materialised:
+                continue
             reads = (s for n in (graph.loops[k].body if k in loops else (k,)) for s in sources[n])
             deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
             lp = graph.loops.get(k) if k in loops else None
-            defined[k] = (sum(size[s] for s in lp.stacks) + sum(size[r] for r, _ in lp.results)) if lp else size[k]
+            if lp is not None:  # each stacked output's zero fill is an instruction of its own, read by the loop
+                for st in lp.stacks:
+                    fill = _FILL + st
+                    nodes.append(fill)
+                    deps[fill], defined[fill] = [], size[st]
+                    deps[k].append(fill)
+            nodes.append(k)
+            defined[k] = sum(size[r] for r, _ in lp.results) if lp else size[k]
         roots = list(dict.fromkeys(unit.get(o, o) for o in outputs))
         order = _schedule(algo, graph, nodes, deps, defined, set(roots), roots, frozenset())
+        fills_at, pending = {}, []
+        for k in order:  # a fill runs right before the next instruction: the stack exists from there
+            if k.startswith(_FILL):
+                pending.append(k[len(_FILL):])
+            elif pending:
+                fills_at.update({st: k for st in pending})
+                pending = []
+        order = [k for k in order if not k.startswith(_FILL)]
         units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in loops})
         view = graph.with_schedule([loops[u] if u in loops else u for u in units])
+        at = {u.name if isinstance(u, Loop) else u: i for i, u in enumerate(view.schedule)}
+        view.stack_fills = MappingProxyType({st: at[k] for st, k in fills_at.items()})
         peak = peaks[algo] = _live_peak(view, size)
         if best is None or peak < best[0]:
             best = (peak, algo, view)
@@ -391,10 +414,10 @@ def _schedule(algo: str, graph: Graph, nodes: list, deps: Mapping, defined: Mapp
     """One computation's instructions ``nodes`` (op names, or scans' names at the top level) in
     the order of scheduler ``algo``: sources (:data:`_PARAMETERS`) and a body's carried values (the loop
     state, read from the body's parameter) are parameters, whose bytes the heuristics ignore."""
-    ignored = set(carried) | {n for n in nodes if n not in graph.loops and graph.op(n).kind in _PARAMETERS}
+    ops = [n for n in nodes if n not in graph.loops and not n.startswith(_FILL)]
+    ignored = set(carried) | {n for n in ops if graph.op(n).kind in _PARAMETERS}
     if algo == "list":
-        scalars = {n for n in nodes if n not in graph.loops
-                   and not any(d.size > 1 for d in graph.op(n).output.shape)}
+        scalars = {n for n in ops if not any(d.size > 1 for d in graph.op(n).output.shape)}
         return list_schedule(nodes, deps, defined, live_out=live, ignored=ignored, scalars=scalars)
     if algo == "dfs":
         return dfs_schedule(nodes, deps, defined, roots=roots, ignored=ignored)

@@ -278,7 +278,8 @@ SRC_GPU_SCHEDULE = (
     "H200 steps (reports/gpu): replayed on each program's own entry computation, XLA's order is one of the "
     "three (benchmarks/xla_memory_scheduler.py: the DFS to the instruction in 9 of the 24 programs, the post "
     "order in one, the list within ties of it in another); the model's memory within 10% of XLA:GPU's "
-    "memory_analysis in 17 of the 24 steps, 14 in the traced order (benchmarks/gpu_report.py)")
+    "memory_analysis in 18 of the 24 steps, 14 in the traced order (benchmarks/gpu_report.py), each scan's stack "
+    "fills instructions the scheduler places")
 SRC_CPU_YNN = (
     "XLA:CPU runs an instruction with at least 4096 elements (or an operand that has them) as a YNNPACK "
     "fusion where it can (openxla/xla xla/backends/cpu/ynn_support.cc: IsInstructionPreferredByYnn, "
