@@ -131,6 +131,7 @@ class _Collective:
 
 def memory_order(graph: Graph, hardware: Hardware, *, reduction: str = COMBINED) -> Graph:
     """The graph whose schedule the memory model walks on ``hardware`` (module docstring):
+    :func:`min_memory` where ``hardware.min_memory_schedule`` (one order whatever ``reduction``),
     :func:`breadth_first` where ``hardware.breadth_first_schedule``, else ``graph``. There the
     collective of every op of ``phases.split_reductions`` is a node of the order; where
     ``hardware.combines_gradient_reductions``, how the layout reduces its gradients
@@ -176,41 +177,58 @@ def breadth_first(graph: Graph, combined: bool = False, collectives: frozenset[s
 
 @lru_cache(maxsize=64)
 def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str], scattered: bool) -> Graph:
-    readers = readers_of(graph)  # a fused op's readers: the materialised ops it is fused into
-    sources = _sources(graph)
     reducers = gradient_reducers(graph) if combined else {}
-    loops = []
+    bodies, top = _instructions(graph)
     after: dict[str | None, str] = {}  # per computation, the unit the combined reduction runs after
     moved: dict[str, str] = {}  # the collectives that run after a unit other than their op's
-    for lp in graph.loops.values():
-        body = set(lp.body)
-        nodes = [n for n in lp.body if graph.op(n).materialised]
-        deps = {n: [s for s in sources[n] if s in body] for n in nodes}
-        order, before, later = _fifo_split(nodes, deps, reducers.get(lp.name, frozenset()), collectives)
+    orders: dict[str | None, list] = {}
+    for name, (nodes, deps) in [*bodies.items(), (None, top)]:
+        orders[name], before, later = _fifo_split(nodes, deps, reducers.get(name, frozenset()), collectives)
         if before is not None:
-            after[lp.name] = before
+            after[name] = before
         moved.update(later)
-        loops.append(dataclasses.replace(lp, body=_with_fused(order, lp.body, readers)))
-    new_loops = {lp.name: lp for lp in loops}
-    unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
-    nodes = [k for k in keys if k in new_loops or graph.op(k).materialised]
-    deps = {}
-    for k in nodes:
-        reads = (s for n in (graph.loops[k].body if k in new_loops else (k,)) for s in sources[n])
-        deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
-    top = reducers.get(None, frozenset())
-    order, before, later = _fifo_split(nodes, deps, top, collectives)
-    if before is not None:
-        after[None] = before
-    moved.update(later)
-    units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in new_loops})
-    view = graph.with_schedule([new_loops[u] if u in new_loops else u for u in units])
+    view = _ordered_view(graph, orders)
     view.breadth_first_of = graph
     view.combined_after = MappingProxyType(after)
     view.collective_after = MappingProxyType(moved)
     view.scattered = scattered
     return view
+
+
+def _instructions(graph: Graph) -> tuple[dict[str, tuple[list, dict]], tuple[list, dict]]:
+    """The instructions a scheduler orders, per computation: ``({loop: (nodes, deps)}, (nodes,
+    deps))``, each scan's body and the top level. A body's are its materialised ops (each with the
+    element-wise producers fused into it, which read their operands where it runs: their sources,
+    :func:`_sources`), each depending on those it reads in the body; the top level's are its
+    materialised ops and each scan as one (a ``while``, named as the loop), which reads what its
+    body reads from outside it. In the traced order of each computation."""
+    sources = _sources(graph)
+    bodies = {}
+    for lp in graph.loops.values():
+        body = set(lp.body)
+        nodes = [n for n in lp.body if graph.op(n).materialised]
+        bodies[lp.name] = nodes, {n: [s for s in sources[n] if s in body] for n in nodes}
+    unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
+    nodes = [k for k in keys if k in graph.loops or graph.op(k).materialised]
+    deps = {}
+    for k in nodes:
+        reads = (s for n in (graph.loops[k].body if k in graph.loops else (k,)) for s in sources[n])
+        deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
+    return bodies, (nodes, deps)
+
+
+def _ordered_view(graph: Graph, orders: Mapping[str | None, Sequence[str]]) -> Graph:
+    """``graph`` with each computation's instructions in ``orders`` (a loop's name: its body's;
+    ``None``: the top level's, :func:`_instructions`), the ops fused into them placed right before
+    the first that reads them (:func:`_with_fused`)."""
+    readers = readers_of(graph)  # a fused op's readers: the materialised ops it is fused into
+    loops = {lp.name: dataclasses.replace(lp, body=_with_fused(orders[lp.name], lp.body, readers))
+             for lp in graph.loops.values()}
+    unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
+    keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
+    units = _with_fused(orders[None], keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in loops})
+    return graph.with_schedule([loops[u] if u in loops else u for u in units])
 
 
 def fifo_order(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Iterable[Any] = ()) -> list:
@@ -351,52 +369,43 @@ _FILL = "\0fill:"  # a scan's stacked output's zero fill, an instruction of the 
 @lru_cache(maxsize=64)
 def _min_memory(graph: Graph, hardware: Hardware) -> Graph:
     readers = readers_of(graph)
-    sources = _sources(graph)
     size = {t.name: t.size * stored_itemsize(graph, t.name, hardware) if graph.op(t.name).materialised else 0
             for t in graph.tensors()}
+    bodies, (top, reads) = _instructions(graph)
+    # per computation: (nodes, deps, bytes defined, values live out, root's operands, carried values)
+    computations: dict[str | None, tuple] = {}
+    for name, (nodes, deps) in bodies.items():
+        lp = graph.loops[name]
+        roots = [nxt for _, nxt in lp.carries] + [graph.op(s).inputs[0] for s in lp.stacks if graph.op(s).inputs]
+        body = set(lp.body)
+        live = set(roots) | {n for n in nodes if any(r not in body for r in readers[n])}
+        computations[name] = nodes, deps, {n: size[n] for n in nodes}, live, roots, {c for c, _ in lp.carries}
+    nodes, deps, defined = [], {}, {}
+    for k in top:
+        lp = graph.loops.get(k)
+        deps[k] = list(reads[k])
+        if lp is not None:  # each stacked output's zero fill is an instruction of its own, read by the loop
+            for st in lp.stacks:
+                nodes.append(_FILL + st)
+                deps[_FILL + st], defined[_FILL + st] = [], size[st]
+                deps[k].append(_FILL + st)
+        nodes.append(k)
+        defined[k] = sum(size[r] for r, _ in lp.results) if lp else size[k]
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
-    keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
-    outputs = [s.tensor for s in graph.outputs if s.tensor]
+    roots = list(dict.fromkeys(unit.get(s.tensor, s.tensor) for s in graph.outputs if s.tensor))
+    computations[None] = nodes, deps, defined, set(roots), roots, frozenset()
     best, peaks = None, {}
     for algo in MEMORY_SCHEDULERS:
-        loops = {}
-        for lp in graph.loops.values():
-            body = set(lp.body)
-            nodes = [n for n in lp.body if graph.op(n).materialised]
-            deps = {n: [s for s in sources[n] if s in body] for n in nodes}
-            carried = {c for c, _ in lp.carries}
-            stacked = [graph.op(s).inputs[0] for s in lp.stacks if graph.op(s).inputs]
-            roots = [nxt for _, nxt in lp.carries] + stacked
-            live = set(roots) | {n for n in nodes if any(r not in body for r in readers[n])}
-            order = _schedule(algo, graph, nodes, deps, {n: size[n] for n in nodes}, live, roots, carried)
-            loops[lp.name] = dataclasses.replace(lp, body=_with_fused(order, lp.body, readers))
-        nodes, deps, defined = [], {}, {}
-        for k in keys:
-            if k not in loops and not graph.op(k).materialised:
-                continue
-            reads = (s for n in (graph.loops[k].body if k in loops else (k,)) for s in sources[n])
-            deps[k] = [unit.get(s, s) for s in reads if unit.get(s, s) != k]
-            lp = graph.loops.get(k) if k in loops else None
-            if lp is not None:  # each stacked output's zero fill is an instruction of its own, read by the loop
-                for st in lp.stacks:
-                    fill = _FILL + st
-                    nodes.append(fill)
-                    deps[fill], defined[fill] = [], size[st]
-                    deps[k].append(fill)
-            nodes.append(k)
-            defined[k] = sum(size[r] for r, _ in lp.results) if lp else size[k]
-        roots = list(dict.fromkeys(unit.get(o, o) for o in outputs))
-        order = _schedule(algo, graph, nodes, deps, defined, set(roots), roots, frozenset())
+        orders = {name: _schedule(algo, graph, *c) for name, c in computations.items()}
         fills_at, pending = {}, []
-        for k in order:  # a fill runs right before the next instruction: the stack exists from there
+        for k in orders[None]:  # a fill runs right before the next instruction: the stack exists from there
             if k.startswith(_FILL):
                 pending.append(k[len(_FILL):])
             elif pending:
                 fills_at.update({st: k for st in pending})
                 pending = []
-        order = [k for k in order if not k.startswith(_FILL)]
-        units = _with_fused(order, keys, {n: [unit.get(r, r) for r in readers[n]] for n in keys if n not in loops})
-        view = graph.with_schedule([loops[u] if u in loops else u for u in units])
+        orders[None] = [k for k in orders[None] if not k.startswith(_FILL)]
+        view = _ordered_view(graph, orders)
         at = {u.name if isinstance(u, Loop) else u: i for i, u in enumerate(view.schedule)}
         view.stack_fills = MappingProxyType({st: at[k] for st, k in fills_at.items()})
         peak = peaks[algo] = _live_peak(view, size)

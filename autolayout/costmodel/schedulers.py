@@ -146,7 +146,7 @@ def dfs_schedule(nodes: Sequence[Hashable], operands: Mapping[Any, Sequence[Any]
     extra: dict[Any, int] = {}
     total: dict[Any, int] = {}
     cumulative = 0  # XLA caps the transitive sums (they count shared operands once per path) at these
-    for n in post_order_schedule(nodes, reads, roots=roots):
+    for n in _post_order(nodes, reads, roots):
         if n in ignored:
             extra[n] = total[n] = 0
             continue
