@@ -5,10 +5,22 @@ operand needs the other order. Checked against XLA's ``memory_analysis()`` and b
 """
 from __future__ import annotations
 
+import re
+import sys
+import zipfile
+from pathlib import Path
+
 import jax.numpy as jnp
+import pytest
 
 from autolayout import execute, models, trace
 from autolayout.costmodel.lifetimes import in_place_operand, readers_of
+from autolayout.costmodel.order import min_memory
+from autolayout.costmodel.profiles import H200
+from autolayout.fusion import reduction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_report  # noqa: E402
 
 B, D, F = 64, 8, 4096  # the [F, B] contraction and its transposed ReLU are 1 MiB each
 F32 = 4
@@ -75,3 +87,60 @@ def test_transposed_operand_keeps_its_buffer_where_another_operand_has_the_op_or
     orders = {tuple(map(str, g.tensor(t).shape)) for t in reads}
     assert len(orders) == 2 and len({tuple(sorted(o)) for o in orders}) == 1
     assert in_place_operand(g, op.name, readers) is None
+
+
+_GPU = Path(__file__).resolve().parents[1] / "reports" / "gpu"
+_MLP_STEPS = ["mlp-large", "mlp-large-f32", "mlp-small", "mlp-large-mse", "mlp-large-f32-mse", "mlp-small-mse"]
+
+
+def _xla_gpu_select_and_its_gradient(name: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """``((offset, start, end), (offset, start, end))`` of the ReLU backward select that XLA:GPU's
+    reduce-select multi-output fusion writes and of the cuBLAS result it selects from (the output
+    gradient), from the step's compiled HLO and H200 buffer assignment (``reports/gpu``)."""
+    suffix = "_loss" if name.endswith("-mse") else ""
+    with zipfile.ZipFile(_GPU / f"hlo{suffix}.zip") as z:
+        hlo = z.read(f"{name}.compiled.txt").decode()
+    with zipfile.ZipFile(_GPU / f"buffers{suffix}.zip") as z:
+        files = {n.rsplit("-", 1)[-1]: z.read(n).decode() for n in z.namelist() if n.startswith(name + "/")}
+    ba, ranges = files["assignment.txt"], files["range.txt"]
+    fusion = re.search(r"\n  %(\S+) = \(.*\) fusion\(([^)]*)\), kind=kInput, calls=%(fused_\w*reduce_select)\b", hlo)
+    assert fusion, f"{name}: no reduce-select multi-output fusion"
+    body = hlo[hlo.index(f"%{fusion.group(3)} ("):]
+    body = body[:body.index("\n}")]
+    select = re.search(r"%(select\S*) = \S+ select\(%\S+, %(\S+), ", body)
+    param = int(re.search(rf"%{re.escape(select.group(2))} = \S+ parameter\((\d+)\)", body).group(1))
+    root = re.search(r"ROOT %\S+ = .* tuple\(([^)]*)\)", body).group(1)
+    index = [o.strip().lstrip("%") for o in root.split(",")].index(select.group(1))
+    operand = [o.strip().lstrip("%") for o in fusion.group(2).split(",")][param]
+    gte = re.search(rf"%{re.escape(operand)} = \S+ get-tuple-element\(%(\S+)\), index=(\d+)", hlo)
+    assert re.search(rf"%{re.escape(gte.group(1))} = .* custom-call\(", hlo), (name, operand)
+
+    def where(value: str) -> tuple[int, int, int]:
+        offset = re.search(rf"value: <\d+ {re.escape(value)} @\d+> \(size=\d+,offset=(\d+)\)", ba)
+        live = re.search(rf"^\s+{re.escape(value)}:(\d+)-(\d+)$", ranges, re.M)
+        return int(offset.group(1)), int(live.group(1)), int(live.group(2))
+
+    return where(f"{fusion.group(1)}{{{index}}}"), where(f"{gte.group(1)}{{{gte.group(2)}}}")
+
+
+@pytest.mark.parametrize("name", _MLP_STEPS)
+def test_xla_gpu_writes_a_select_its_reduction_reads_into_a_buffer_of_its_own(name):
+    """XLA:GPU fuses the ReLU's backward select into the bias gradient's reduction as a second
+    output (``input_reduce_select_fusion``): the output gradient it reads last is still live at
+    the fusion, at another offset (XLA's buffer assignment on the H200). On XLA:GPU's memory
+    scheduler's order the model writes no select that a reduction reads over its operand; on the
+    traced order (the rule applies to the GPU view only) it writes this one over the gradient."""
+    (sel_at, sel_start, _), (grad_at, grad_start, grad_end) = _xla_gpu_select_and_its_gradient(name)
+    assert grad_start < sel_start <= grad_end and sel_at != grad_at
+
+    rows = {r["name"]: r for r in gpu_report.load(str(_GPU))[0]}
+    rows.update({r["name"]: r for r in gpu_report._jsonl(str(_GPU), "measured_loss.jsonl")})
+    g = models.MODELS[rows[name]["model"]](**rows[name]["kwargs"])
+    view = min_memory(g, H200)
+    selects = [o.name for o in g.ops() if o.fn == "select_n" and o.materialised
+               and any(reduction(g.op(r)) for r in readers_of(g)[o.name])]
+    assert selects
+    for s in selects:
+        assert in_place_operand(view, s, readers_of(view)) is None
+        src = in_place_operand(g, s, readers_of(g))
+        assert src is not None and g.op(src).kind == "einsum"
