@@ -22,25 +22,20 @@ GPU = ROOT / "reports" / "gpu"
 # from its compiled HLO (reports/gpu/hlo.zip, reports/gpu/findings.md): strict xfails.
 MEMORY_OFF = {
     "gpt-tiny": "0.89 of XLA's live peak: a cuBLAS matmul's 32 MiB workspace (s8[33554432]) is live at it, and "
-                "more; the workspace priced on every contraction was tried and not landed (findings.md)",
-    "mlp-large": "0.84: XLA:GPU's multi-output fusion takes the bias add in beside the ReLU's backward select, so "
+                "XLA computes the loss value last, in a softmax fusion reading the 64 MiB float32 logits, which so "
+                "stay live through the backward scan, where the model's log-softmax is shared by the loss and its "
+                "gradient and dead before it (findings.md)",
+    "mlp-large": "0.80: XLA:GPU's multi-output fusion takes the bias add in beside the ReLU's backward select, so "
                  "the pre-activation is written apart from the forward matmul's result: four hidden-sized buffers "
                  "live at the fusion where the model holds three (the -mse step writes the add in a fusion of its "
-                 "own, over that result, as the model does)",
-    "moe": "1.11: XLA:GPU kept its list schedule (benchmarks/xla_memory_scheduler.py replays it on the "
-           "program: Kendall tau 0.96), as the model does, but over its own fused instructions: it computes the "
-           "ReLU once per matmul reading it where the model holds it",
+                 "own, over that result, as the model does); and both matmuls reading the ReLU run on cuBLAS, each "
+                 "after a copy of the ReLU of its own (fusion.19, fusion.20), buffers the model leaves out",
 }
 
 
 # The MLP and MoE steps again with a regression loss (gpu_validate.py --loss, measured_loss.jsonl):
 # those off XLA:GPU's memory by more than 10%, with the reason read in buffers_loss.zip (strict xfails).
-LOSS_MEMORY_OFF = {
-    "moe-mse": "1.15: XLA:GPU kept its post-order schedule (replayed on the program to the instruction, "
-               "benchmarks/xla_memory_scheduler.py); the model's post order of the traced graph peaks higher "
-               "(1.41 of XLA's), so it keeps its list order, which holds the pre-activation, the ReLU and the "
-               "ReLU's output gradient at once where XLA recomputes the ReLU right before each matmul reading it",
-}
+LOSS_MEMORY_OFF: dict[str, str] = {}
 
 
 @lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from autolayout import execute, models, trace
-from autolayout.costmodel.lifetimes import in_place_operand, readers_of
+from autolayout.costmodel.lifetimes import gemm_prologues, in_place_operand, lifetimes, readers_of
 from autolayout.costmodel.order import min_memory
 from autolayout.costmodel.profiles import H200
 from autolayout.fusion import reduction
@@ -144,3 +144,54 @@ def test_xla_gpu_writes_a_select_its_reduction_reads_into_a_buffer_of_its_own(na
         assert in_place_operand(view, s, readers_of(view)) is None
         src = in_place_operand(g, s, readers_of(g))
         assert src is not None and g.op(src).kind == "einsum"
+
+
+def _entry_and_computations(hlo: str) -> tuple[list[str], dict[str, str]]:
+    comps = {m.group(1): m.group(2) for m in re.finditer(r"\n(?:ENTRY )?%(\S+) \([^\n]*\{\n(.*?)\n\}", hlo, re.S)}
+    entry = comps[re.search(r"\nENTRY %(\S+) ", hlo).group(1)]
+    return [line for line in entry.split("\n") if re.match(r"\s+(?:ROOT )?%\S+ = ", line)], comps
+
+
+@pytest.mark.parametrize("name", ["mlp-small", "moe", "mlp-large-mse", "moe-mse", "mlp-large-f32-mse"])
+def test_xla_gpu_computes_a_relu_read_by_matmuls_in_each_of_them(name):
+    """XLA:GPU holds no ReLU between the matmuls that read it: every fusion computing it
+    (``maximum``) is a Triton GEMM fusion computing it inside, or a loop fusion read by one cuBLAS
+    call (``__cublas$lt$matmul``), right before it in all but one case (the compiled HLO of
+    ``reports/gpu``). On XLA:GPU's memory-scheduler view the model writes the ReLU nowhere
+    (``lifetimes.gemm_prologues``: an empty life, its operand live to its last matmul); on the
+    traced order it holds it from the forward matmul to the weight gradient."""
+    suffix = "_loss" if name.endswith("-mse") else ""
+    with zipfile.ZipFile(_GPU / f"hlo{suffix}.zip") as z:
+        entry, comps = _entry_and_computations(z.read(f"{name}.compiled.txt").decode())
+    names = [re.match(r"\s+(?:ROOT )?%(\S+) = ", line).group(1) for line in entry]
+    relus, right_before = 0, 0
+    for line in entry:
+        m = re.match(r"\s+%(\S+) = .* fusion\(.*?\), kind=(k\w+), calls=%([^,\s]+)", line)
+        if not m or " maximum(" not in comps[m.group(3)]:
+            continue
+        relus += 1
+        users = [u for u in entry if re.search(rf"[(,] ?%{re.escape(m.group(1))}[,)]", u)]
+        if m.group(2) == "kCustom":
+            assert "gemm_fusion" in m.group(1), (name, m.group(1))
+            continue
+        assert len(users) == 1 and '"__cublas$lt$matmul"' in users[0], (name, m.group(1), users)
+        user = re.match(r"\s+(?:ROOT )?%(\S+) = ", users[0]).group(1)
+        right_before += names.index(user) == names.index(m.group(1)) + 1
+    assert relus >= 2 and right_before >= relus - 2
+
+    rows = {r["name"]: r for r in gpu_report.load(str(_GPU))[0]}
+    rows.update({r["name"]: r for r in gpu_report._jsonl(str(_GPU), "measured_loss.jsonl")})
+    g = models.MODELS[rows[name]["model"]](**rows[name]["kwargs"])
+    relu = [o.name for o in g.ops() if o.fn == "max" and o.materialised
+            and all(g.op(c).kind == "einsum" for c in g.consumers(o.name))]
+    assert len(relu) == 1 and relu[0] in gemm_prologues(g)
+    (relu,) = relu
+    view = min_memory(g, H200)
+    units, alloc, free = lifetimes(view)
+    readers = [units.index(c) if c in units else next(i for i, u in enumerate(units) if c in getattr(u, "body", ()))
+               for c in g.consumers(relu)]
+    assert free[relu] < alloc[relu]  # no buffer
+    (operand,) = g.op(relu).inputs
+    assert free[operand] >= max(readers)  # read where each matmul recomputes the ReLU
+    traced_units, alloc_t, free_t = lifetimes(g)  # the traced order: held from the forward matmul on
+    assert free_t[relu] - alloc_t[relu] >= 1

@@ -14,11 +14,11 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autolayout.costmodel.reshapes import hlo_groups
-from autolayout.fusion import reduction
+from autolayout.fusion import duplicable, expensive, reduction
 from autolayout.graph import Graph, Loop
 
 __all__ = ["lifetimes", "body_lifetimes", "computations", "freed_at", "last_read_at", "schedule_points",
-           "readers_of", "in_place_operand", "loop_state_chain"]
+           "readers_of", "in_place_operand", "loop_state_chain", "gemm_prologues"]
 
 
 def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
@@ -60,6 +60,10 @@ def lifetimes(graph: Graph) -> tuple[list, dict[str, int], dict[str, int]]:
             continue
         alloc[t.name] = unit_of[t.name]
         free[t.name] = end if t.name in outputs else max((unit_of[c] for c in readers[t.name]), default=alloc[t.name])
+    if _memory_scheduler_view(graph):  # computed inside each contraction reading it: no buffer
+        for n in gemm_prologues(graph):
+            if n in alloc:
+                free[n] = alloc[n] - 1
     for i, u in enumerate(units):
         if not isinstance(u, Loop):
             src = in_place_operand(graph, u, readers)
@@ -168,6 +172,60 @@ def _breadth_first_view(graph: Graph) -> bool:
     return getattr(graph, "breadth_first_of", None) is not None
 
 
+def _reads_a_reduction(graph: Graph, op) -> bool:
+    """Whether element-wise ``op`` is computed from a reduction's result through element-wise ops
+    alone (a norm's output, read through its row statistics: XLA:GPU computes it in the fusion of
+    its reductions, which no GEMM takes in)."""
+    stack, seen = list(op.inputs), set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        src = graph.op(n)
+        if reduction(src):
+            return True
+        if src.kind == "elementwise":
+            stack.extend(src.inputs)
+    return False
+
+
+def _memory_scheduler_view(graph: Graph) -> bool:
+    """Whether ``graph`` is a view in XLA:GPU's memory scheduler's order (``order.min_memory``)."""
+    return getattr(graph, "min_memory_of", None) is not None
+
+
+@lru_cache(maxsize=64)
+def gemm_prologues(graph: Graph) -> frozenset[str]:
+    """The element-wise ops XLA:GPU computes inside each contraction that reads them, never
+    written: a cheap (not :func:`~autolayout.fusion.expensive`), duplicable
+    (:func:`~autolayout.fusion.duplicable`) materialised op, not a graph output, every consumer of
+    which is a contraction of its computation (a ReLU read by the forward matmul and the weight
+    gradient). XLA:GPU fuses such a producer into the Triton GEMM fusion of each dot reading it
+    (a GEMM prologue), which recomputes it from the op's sources, so those live to its last
+    reader; where the autotuner runs a dot on cuBLAS instead, a loop fusion of its own computes it
+    right before the call, a buffer live at that call only, which this leaves out (which dots go to
+    cuBLAS is the autotuner's choice). Measured in ``reports/gpu``'s compiled HLO
+    (``tests/test_lifetimes.py``): every fusion computing the ReLU of the MLP and MoE steps is a
+    Triton GEMM fusion (mlp-small's ``gemm_fusion_dot_general.7`` reads the bias add) or a loop
+    fusion read by one cuBLAS call (``fusion.16``, ``fusion.55``). Not a dtype conversion, which
+    XLA:GPU writes once (``wrapped_convert`` of a weight, read by a cuBLAS call and a Triton GEMM),
+    nor an op computed from a reduction's result through element-wise ops (a norm's output, which
+    it computes in its reductions' fusion: gpt-tiny's ``fusion.316``, read by two matmuls). Applied
+    on XLA:GPU's view only (:func:`readers_of`, :func:`lifetimes`, :func:`body_lifetimes`,
+    ``order.min_memory``'s instructions): XLA:CPU writes the ReLU for its dots (``broadcast_maximum_fusion``)."""
+    outputs = {s.tensor for s in graph.outputs if s.tensor}
+    out = set()
+    for op in graph.ops():
+        if (op.kind != "elementwise" or not op.materialised or op.name in outputs or expensive(op)
+                or not duplicable(op) or op.fn == "convert_element_type" or _reads_a_reduction(graph, op)):
+            continue
+        users = [graph.op(c) for c in graph.consumers(op.name)]
+        if users and all(u.kind == "einsum" and len(u.inputs) == 2 and u.loop == op.loop for u in users):
+            out.add(op.name)
+    return frozenset(out)
+
+
 def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
     """For every tensor, the ops that read it from memory: its consumers, a fused
     consumer (an element-wise op whose output ``Op.hbm`` keeps out of memory) replaced by
@@ -177,6 +235,7 @@ def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
     take the ``dynamic-slice`` in and read the stacked input, so the slice's buffer is free after
     its last reduction (``tests/test_recomputed.py``, against the optimized HLO)."""
     out: dict[str, tuple[str, ...]] = {}
+    prologues = gemm_prologues(graph) if _memory_scheduler_view(graph) else frozenset()
 
     def of(name: str) -> tuple[str, ...]:
         hit = out.get(name)
@@ -184,7 +243,7 @@ def readers_of(graph: Graph) -> dict[str, tuple[str, ...]]:
             acc: list[str] = []
             for c in graph.consumers(name):
                 op = graph.op(c)
-                if not op.materialised:
+                if not op.materialised or c in prologues:
                     acc.extend(of(c))
                 else:
                     acc.append(c)
@@ -255,8 +314,9 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
             continue
         sources.append(n)
     cpu = _breadth_first_view(graph)  # XLA:CPU's order: the two rules measured there (docstring)
-    if getattr(graph, "min_memory_of", None) is not None and any(reduction(graph.op(r)) for r in readers[name]):
-        return None  # written apart by XLA:GPU's multi-output fusion with the reduction (docstring)
+    if _memory_scheduler_view(graph) and (any(reduction(graph.op(r)) for r in readers[name])
+                                          or name in gemm_prologues(graph)):
+        return None  # written apart by XLA:GPU's multi-output fusion with the reduction, or not at all
     groups = hlo_groups(graph) if cpu else None
     for n in sources:
         t = graph.tensor(n)
@@ -312,6 +372,10 @@ def body_lifetimes(graph: Graph, lp: Loop) -> tuple[dict[str, int], dict[str, in
         users = [order[c] for c in readers[n] if c in order]
         outside = any(c not in order and c not in stacks for c in readers[n])
         last[n] = end if (n in carried or outside) else max(users, default=order[n])
+    if _memory_scheduler_view(graph):  # computed inside each contraction reading it (gemm_prologues)
+        for n in gemm_prologues(graph):
+            if n in order and n not in carried:
+                last[n] = order[n] - 1
     for n in lp.body:
         src = in_place_operand(graph, n, readers)
         if src in order and last[src] == order[n] and order[src] < order[n]:

@@ -109,7 +109,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from autolayout.costmodel.hardware import Hardware
-from autolayout.costmodel.lifetimes import body_lifetimes, lifetimes, readers_of
+from autolayout.costmodel.lifetimes import body_lifetimes, gemm_prologues, lifetimes, readers_of
 from autolayout.costmodel.memory import stored_itemsize
 from autolayout.costmodel.schedulers import dfs_schedule, list_schedule, post_order_schedule
 from autolayout.costmodel.phases import split_reductions
@@ -195,22 +195,24 @@ def _breadth_first(graph: Graph, combined: bool, collectives: frozenset[str], sc
     return view
 
 
-def _instructions(graph: Graph) -> tuple[dict[str, tuple[list, dict]], tuple[list, dict]]:
+def _instructions(graph: Graph, fused: frozenset = frozenset()
+                  ) -> tuple[dict[str, tuple[list, dict]], tuple[list, dict]]:
     """The instructions a scheduler orders, per computation: ``({loop: (nodes, deps)}, (nodes,
     deps))``, each scan's body and the top level. A body's are its materialised ops (each with the
     element-wise producers fused into it, which read their operands where it runs: their sources,
     :func:`_sources`), each depending on those it reads in the body; the top level's are its
     materialised ops and each scan as one (a ``while``, named as the loop), which reads what its
-    body reads from outside it. In the traced order of each computation."""
-    sources = _sources(graph)
+    body reads from outside it. In the traced order of each computation. ``fused``: materialised
+    ops taken into their readers all the same (``lifetimes.gemm_prologues`` on XLA:GPU)."""
+    sources = _sources(graph, fused)
     bodies = {}
     for lp in graph.loops.values():
         body = set(lp.body)
-        nodes = [n for n in lp.body if graph.op(n).materialised]
+        nodes = [n for n in lp.body if graph.op(n).materialised and n not in fused]
         bodies[lp.name] = nodes, {n: [s for s in sources[n] if s in body] for n in nodes}
     unit = {n: lp.name for lp in graph.loops.values() for n in lp.body}
     keys = [u.name if isinstance(u, Loop) else u for u in graph.schedule]
-    nodes = [k for k in keys if k in graph.loops or graph.op(k).materialised]
+    nodes = [k for k in keys if k in graph.loops or (graph.op(k).materialised and k not in fused)]
     deps = {}
     for k in nodes:
         reads = (s for n in (graph.loops[k].body if k in graph.loops else (k,)) for s in sources[n])
@@ -299,9 +301,10 @@ def _fifo(nodes: Sequence[Any], deps: Mapping[Any, Iterable[Any]], combined: Ite
     return out
 
 
-def _sources(graph: Graph) -> dict[str, list[str]]:
+def _sources(graph: Graph, fused: frozenset = frozenset()) -> dict[str, list[str]]:
     """For every op, the materialised tensors its fusion reads: its operands, an element-wise
-    operand fused into it (``Op.materialised`` False) replaced by that operand's own sources."""
+    operand fused into it (``Op.materialised`` False, or in ``fused``) replaced by that operand's
+    own sources."""
     out: dict[str, list[str]] = {}
 
     def of(name: str) -> list[str]:
@@ -309,7 +312,7 @@ def _sources(graph: Graph) -> dict[str, list[str]]:
         if hit is None:
             acc: list[str] = []
             for src in graph.op(name).inputs:
-                acc.extend(of(src) if not graph.op(src).materialised else (src,))
+                acc.extend(of(src) if not graph.op(src).materialised or src in fused else (src,))
             hit = out[name] = list(dict.fromkeys(acc))
         return hit
 
@@ -371,7 +374,7 @@ def _min_memory(graph: Graph, hardware: Hardware) -> Graph:
     readers = readers_of(graph)
     size = {t.name: t.size * stored_itemsize(graph, t.name, hardware) if graph.op(t.name).materialised else 0
             for t in graph.tensors()}
-    bodies, (top, reads) = _instructions(graph)
+    bodies, (top, reads) = _instructions(graph, gemm_prologues(graph))  # prologues: in their GEMMs
     # per computation: (nodes, deps, bytes defined, values live out, root's operands, carried values)
     computations: dict[str | None, tuple] = {}
     for name, (nodes, deps) in bodies.items():
