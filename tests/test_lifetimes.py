@@ -93,13 +93,27 @@ _GPU = Path(__file__).resolve().parents[1] / "reports" / "gpu"
 _MLP_STEPS = ["mlp-large", "mlp-large-f32", "mlp-small", "mlp-large-mse", "mlp-large-f32-mse", "mlp-small-mse"]
 
 
+def _hlo(name: str) -> str:
+    """The committed compiled HLO of H200 step ``name`` (``reports/gpu``; ``-mse`` steps in the
+    regression-loss archive)."""
+    suffix = "_loss" if name.endswith("-mse") else ""
+    with zipfile.ZipFile(_GPU / f"hlo{suffix}.zip") as z:
+        return z.read(f"{name}.compiled.txt").decode()
+
+
+def _step_graph(name: str):
+    """The zoo graph of H200 step ``name`` at its measured sizes."""
+    rows = {r["name"]: r for r in gpu_report.load(str(_GPU))[0]}
+    rows.update({r["name"]: r for r in gpu_report._jsonl(str(_GPU), "measured_loss.jsonl")})
+    return models.MODELS[rows[name]["model"]](**rows[name]["kwargs"])
+
+
 def _xla_gpu_select_and_its_gradient(name: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """``((offset, start, end), (offset, start, end))`` of the ReLU backward select that XLA:GPU's
     reduce-select multi-output fusion writes and of the cuBLAS result it selects from (the output
     gradient), from the step's compiled HLO and H200 buffer assignment (``reports/gpu``)."""
+    hlo = _hlo(name)
     suffix = "_loss" if name.endswith("-mse") else ""
-    with zipfile.ZipFile(_GPU / f"hlo{suffix}.zip") as z:
-        hlo = z.read(f"{name}.compiled.txt").decode()
     with zipfile.ZipFile(_GPU / f"buffers{suffix}.zip") as z:
         files = {n.rsplit("-", 1)[-1]: z.read(n).decode() for n in z.namelist() if n.startswith(name + "/")}
     ba, ranges = files["assignment.txt"], files["range.txt"]
@@ -133,9 +147,7 @@ def test_xla_gpu_writes_a_select_its_reduction_reads_into_a_buffer_of_its_own(na
     (sel_at, sel_start, _), (grad_at, grad_start, grad_end) = _xla_gpu_select_and_its_gradient(name)
     assert grad_start < sel_start <= grad_end and sel_at != grad_at
 
-    rows = {r["name"]: r for r in gpu_report.load(str(_GPU))[0]}
-    rows.update({r["name"]: r for r in gpu_report._jsonl(str(_GPU), "measured_loss.jsonl")})
-    g = models.MODELS[rows[name]["model"]](**rows[name]["kwargs"])
+    g = _step_graph(name)
     view = min_memory(g, H200)
     selects = [o.name for o in g.ops() if o.fn == "select_n" and o.materialised
                and any(reduction(g.op(r)) for r in readers_of(g)[o.name])]
@@ -160,9 +172,7 @@ def test_xla_gpu_computes_a_relu_read_by_matmuls_in_each_of_them(name):
     ``reports/gpu``). On XLA:GPU's memory-scheduler view the model writes the ReLU nowhere
     (``lifetimes.gemm_prologues``: an empty life, its operand live to its last matmul); on the
     traced order it holds it from the forward matmul to the weight gradient."""
-    suffix = "_loss" if name.endswith("-mse") else ""
-    with zipfile.ZipFile(_GPU / f"hlo{suffix}.zip") as z:
-        entry, comps = _entry_and_computations(z.read(f"{name}.compiled.txt").decode())
+    entry, comps = _entry_and_computations(_hlo(name))
     names = [re.match(r"\s+(?:ROOT )?%(\S+) = ", line).group(1) for line in entry]
     relus, right_before = 0, 0
     for line in entry:
@@ -179,9 +189,7 @@ def test_xla_gpu_computes_a_relu_read_by_matmuls_in_each_of_them(name):
         right_before += names.index(user) == names.index(m.group(1)) + 1
     assert relus >= 2 and right_before >= relus - 2
 
-    rows = {r["name"]: r for r in gpu_report.load(str(_GPU))[0]}
-    rows.update({r["name"]: r for r in gpu_report._jsonl(str(_GPU), "measured_loss.jsonl")})
-    g = models.MODELS[rows[name]["model"]](**rows[name]["kwargs"])
+    g = _step_graph(name)
     relu = [o.name for o in g.ops() if o.fn == "max" and o.materialised
             and all(g.op(c).kind == "einsum" for c in g.consumers(o.name))]
     assert len(relu) == 1 and relu[0] in gemm_prologues(g)
@@ -193,5 +201,5 @@ def test_xla_gpu_computes_a_relu_read_by_matmuls_in_each_of_them(name):
     assert free[relu] < alloc[relu]  # no buffer
     (operand,) = g.op(relu).inputs
     assert free[operand] >= max(readers)  # read where each matmul recomputes the ReLU
-    traced_units, alloc_t, free_t = lifetimes(g)  # the traced order: held from the forward matmul on
+    _, alloc_t, free_t = lifetimes(g)  # the traced order: held from the forward matmul on
     assert free_t[relu] - alloc_t[relu] >= 1

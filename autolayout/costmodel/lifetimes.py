@@ -299,6 +299,9 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
     op = graph.op(name)
     if op.kind != "elementwise" or not op.materialised:
         return None
+    if _memory_scheduler_view(graph) and (any(reduction(graph.op(r)) for r in readers[name])
+                                          or name in gemm_prologues(graph)):
+        return None  # written apart by XLA:GPU's multi-output fusion with the reduction, or not at all
     outputs = {s.tensor for s in graph.outputs if s.tensor}
     seen: set[str] = set()
     sources: list[str] = []  # the materialised tensors the op reads
@@ -314,9 +317,6 @@ def in_place_operand(graph: Graph, name: str, readers: Mapping[str, tuple[str, .
             continue
         sources.append(n)
     cpu = _breadth_first_view(graph)  # XLA:CPU's order: the two rules measured there (docstring)
-    if _memory_scheduler_view(graph) and (any(reduction(graph.op(r)) for r in readers[name])
-                                          or name in gemm_prologues(graph)):
-        return None  # written apart by XLA:GPU's multi-output fusion with the reduction, or not at all
     groups = hlo_groups(graph) if cpu else None
     for n in sources:
         t = graph.tensor(n)

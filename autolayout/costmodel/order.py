@@ -411,12 +411,11 @@ def _min_memory(graph: Graph, hardware: Hardware) -> Graph:
         view = _ordered_view(graph, orders)
         at = {u.name if isinstance(u, Loop) else u: i for i, u in enumerate(view.schedule)}
         view.stack_fills = MappingProxyType({st: at[k] for st, k in fills_at.items()})
-        view.min_memory_of = graph  # lifetimes' rules of XLA:GPU's buffer sharing apply to it
+        view.min_memory_of = graph  # a view of XLA:GPU's order: lifetimes' GPU rules apply to it
         peak = peaks[algo] = _live_peak(view, size)
         if best is None or peak < best[0]:
             best = (peak, algo, view)
     _, algo, view = best
-    view.min_memory_of = graph
     view.min_memory_scheduler = algo
     view.min_memory_peaks = MappingProxyType(peaks)
     return view
