@@ -19,14 +19,19 @@ is ``live_bytes``; the rest of ``memory_analysis`` is ``idle_output_bytes`` (the
 allocations holding nothing live at that peak) and ``heap_gap_bytes`` (the temp heap's size beyond its own most bytes in use at once:
 fragmentation); the three add up to ``memory_analysis`` (argument + output + temp - alias) where the temp
 heap's own peak is at the same point. ``HloLiveRange``'s own "peak" line is not used: it leaves
-out values such as the elements of a combined all-reduce's result tuple.
+out values such as the elements of a combined all-reduce's result tuple. :func:`live_values` lists
+the values live at that peak (or at any position), to set beside the model's live set where the
+two disagree.
+
+Run: ``python benchmarks/xla_live.py DUMP_DIR [--at POSITION]``
 """
 from __future__ import annotations
 
 import pathlib
 import re
+import sys
 
-__all__ = ["live_peak"]
+__all__ = ["live_peak", "live_values", "main"]
 
 # XLA:GPU's dumps put the allocation's memory space first ("page 0, parameter 1, ..."), XLA:CPU's not
 _ALLOC = re.compile(r"allocation (\d+): size (\d+), (?:page \d+, )?(.*)")
@@ -41,9 +46,47 @@ def live_peak(dump_dir: str | pathlib.Path) -> dict:
     Raises:
         ValueError: ``dump_dir`` holds no buffer-assignment dump, or more than one program's.
     """
+    ba, allocs, values, ranges = _read(dump_dir, "live_peak")
+    end = max((b for _, b in ranges.values()), default=0)
+    whole = sum(size for size, kind in allocs.values() if kind.startswith("parameter"))
+    counted, outputs, temp = _counted(allocs)
+    best, at, used_at, heap_peak = -1, 0, {}, 0
+    for t in range(end + 1):
+        used = {a: v for a, v in _used(values, ranges, t).items() if a in counted}
+        heap_peak = max(heap_peak, sum(v for a, v in used.items() if a in temp))
+        total = whole + sum(used.values())
+        if total > best:
+            best, at, used_at = total, t, used
+    return {"live_bytes": best, "at": at,
+            "idle_output_bytes": sum(allocs[a][0] - used_at.get(a, 0) for a in outputs),
+            "heap_gap_bytes": sum(allocs[a][0] for a in temp) - heap_peak, "module": ba.name}
+
+
+def live_values(dump_dir: str | pathlib.Path, at: int | None = None) -> list[dict]:
+    """The values live at position ``at`` of the schedule (default: :func:`live_peak`'s ``at``) in
+    the output allocations and the temp heap of the program dumped under ``dump_dir``, largest
+    first: ``{"value", "bytes", "allocation", "offset", "start", "stop"}`` (``start..stop``: its
+    live range). Values sharing bytes of one allocation are each listed. What a miss of the cost
+    model is made of: set it beside the model's live set at its own peak.
+
+    Raises:
+        ValueError: as :func:`live_peak`.
+    """
+    _, allocs, values, ranges = _read(dump_dir, "live_values")
+    t = live_peak(dump_dir)["at"] if at is None else at
+    counted = _counted(allocs)[0]
+    out = [{"value": name, "bytes": size, "allocation": a, "offset": off, "start": ranges[name][0],
+            "stop": ranges[name][1]}
+           for name, a, off, size in values if a in counted and name in ranges and ranges[name][0] <= t <= ranges[name][1]]
+    return sorted(out, key=lambda v: (-v["bytes"], v["value"]))
+
+
+def _read(dump_dir: str | pathlib.Path, caller: str) -> tuple:
+    """``(buffer-assignment file, {allocation: (size, kind)}, [(value, allocation, offset, size)],
+    {value: (start, stop)})`` of the one program dumped under ``dump_dir``."""
     found = sorted(pathlib.Path(dump_dir).glob("*after_optimizations-buffer-assignment.txt"))
     if len(found) != 1:
-        raise ValueError(f"live_peak: expected one program's buffer-assignment dump under {dump_dir}, found "
+        raise ValueError(f"{caller}: expected one program's buffer-assignment dump under {dump_dir}, found "
                          f"{[p.name for p in found]}; compile exactly one program with compiler options "
                          "xla_dump_to=<dir> and xla_dump_hlo_as_text=True")
     ba = found[0]
@@ -64,23 +107,16 @@ def live_peak(dump_dir: str | pathlib.Path) -> dict:
         elif not line.startswith(" ") and not m and current is not None and line.strip():
             current = None  # the per-allocation listing ended (totals, used values follow)
     ranges = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _RANGE.finditer(ranges_text)}
-    end = max((b for _, b in ranges.values()), default=0)
-    whole = sum(size for size, kind in allocs.values() if kind.startswith("parameter"))
-    # memory_analysis counts parameter, output (live-out) and temp allocations; not constants, not thread-locals
+    return ba, allocs, values, ranges
+
+
+def _counted(allocs: dict[int, tuple[int, str]]) -> tuple[set, set, set]:
+    """``(counted, outputs, temp)``: the allocations ``memory_analysis`` counts beside the
+    parameters (output or live-out, and the temp heap; not constants, not thread-locals)."""
     outputs = {a for a, (_, kind) in allocs.items()
                if not kind.startswith("parameter") and ("output" in kind or "live-out" in kind)}
     temp = {a for a, (_, kind) in allocs.items() if "preallocated-temp" in kind}
-    counted = outputs | temp
-    best, at, used_at, heap_peak = -1, 0, {}, 0
-    for t in range(end + 1):
-        used = {a: v for a, v in _used(values, ranges, t).items() if a in counted}
-        heap_peak = max(heap_peak, sum(v for a, v in used.items() if a in temp))
-        total = whole + sum(used.values())
-        if total > best:
-            best, at, used_at = total, t, used
-    return {"live_bytes": best, "at": at,
-            "idle_output_bytes": sum(allocs[a][0] - used_at.get(a, 0) for a in outputs),
-            "heap_gap_bytes": sum(allocs[a][0] for a in temp) - heap_peak, "module": ba.name}
+    return outputs | temp, outputs, temp
 
 
 def _used(values, ranges, t: int) -> dict[int, int]:
@@ -100,3 +136,31 @@ def _union(spans: list[tuple[int, int]]) -> int:
             total += hi - max(lo, reach)
             reach = hi
     return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a dump's split of ``memory_analysis`` (:func:`live_peak`) and the values live at its
+    peak, or at ``--at``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dump_dir", help="the xla_dump_to folder of one compiled program")
+    ap.add_argument("--at", type=int, help="a position of the schedule (default: the live peak)")
+    a = ap.parse_args(argv)
+    try:
+        peak = live_peak(a.dump_dir)
+        found = live_values(a.dump_dir, a.at)
+    except ValueError as e:
+        print(f"xla_live: {e}", file=sys.stderr)
+        return 2
+    print(f"{peak['module']}: live peak {peak['live_bytes']} B at {peak['at']}, idle output allocations "
+          f"{peak['idle_output_bytes']} B, heap fragmentation {peak['heap_gap_bytes']} B")
+    print(f"values live at {peak['at'] if a.at is None else a.at} (output allocations and temp heap):")
+    for v in found:
+        print(f"  {v['bytes']:>10} {v['value']:<40} allocation {v['allocation']} offset {v['offset']}"
+              f" live {v['start']}-{v['stop']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

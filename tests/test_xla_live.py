@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from xla_live import live_peak  # noqa: E402
+from xla_live import live_peak, live_values, main  # noqa: E402
 
 KIB16 = 64 * 64 * 4  # one f32[64,64]
 
@@ -49,3 +49,21 @@ def test_output_allocation_idle_at_the_peak(tmp_path):
 def test_needs_exactly_one_program(tmp_path):
     with pytest.raises(ValueError, match="expected one program"):
         live_peak(tmp_path)
+
+
+def test_values_live_at_the_peak_are_the_two_products(tmp_path):
+    # (x @ x) @ x: at the second matmul the first product (temp) and the output are live beside the
+    # argument, 16 KiB each; with the argument's 16 KiB they are the whole live peak
+    got, _ = _compile(lambda x: (x @ x) @ x, tmp_path)
+    found = live_values(tmp_path)
+    assert [v["bytes"] for v in found] == [KIB16, KIB16]
+    assert KIB16 + sum(v["bytes"] for v in found) == got["live_bytes"]
+    assert all(v["start"] <= got["at"] <= v["stop"] for v in found)
+    assert live_values(tmp_path, at=0) == []  # at the first position only the argument is live
+
+
+def test_the_command_names_the_folder_without_a_dump(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path) in err and "xla_dump_to" in err
+
