@@ -46,7 +46,26 @@ def live_peak(dump_dir: str | pathlib.Path) -> dict:
     Raises:
         ValueError: ``dump_dir`` holds no buffer-assignment dump, or more than one program's.
     """
-    ba, allocs, values, ranges = _read(dump_dir, "live_peak")
+    return _peak(_read(dump_dir, "live_peak"))
+
+
+def live_values(dump_dir: str | pathlib.Path, at: int | None = None) -> list[dict]:
+    """The values live at position ``at`` of the schedule (default: :func:`live_peak`'s ``at``) in
+    the output allocations and the temp heap of the program dumped under ``dump_dir``, largest
+    first: ``{"value", "bytes", "allocation", "offset", "start", "stop"}`` (``start..stop``: its
+    live range). Values sharing bytes of one allocation are each listed. What a miss of the cost
+    model is made of: set it beside the model's live set at its own peak.
+
+    Raises:
+        ValueError: as :func:`live_peak`.
+    """
+    dump = _read(dump_dir, "live_values")
+    return _values_at(dump, _peak(dump)["at"] if at is None else at)
+
+
+def _peak(dump: tuple) -> dict:
+    """:func:`live_peak` of a dump :func:`_read` parsed."""
+    ba, allocs, values, ranges = dump
     end = max((b for _, b in ranges.values()), default=0)
     whole = sum(size for size, kind in allocs.values() if kind.startswith("parameter"))
     counted, outputs, temp = _counted(allocs)
@@ -62,22 +81,13 @@ def live_peak(dump_dir: str | pathlib.Path) -> dict:
             "heap_gap_bytes": sum(allocs[a][0] for a in temp) - heap_peak, "module": ba.name}
 
 
-def live_values(dump_dir: str | pathlib.Path, at: int | None = None) -> list[dict]:
-    """The values live at position ``at`` of the schedule (default: :func:`live_peak`'s ``at``) in
-    the output allocations and the temp heap of the program dumped under ``dump_dir``, largest
-    first: ``{"value", "bytes", "allocation", "offset", "start", "stop"}`` (``start..stop``: its
-    live range). Values sharing bytes of one allocation are each listed. What a miss of the cost
-    model is made of: set it beside the model's live set at its own peak.
-
-    Raises:
-        ValueError: as :func:`live_peak`.
-    """
-    _, allocs, values, ranges = _read(dump_dir, "live_values")
-    t = live_peak(dump_dir)["at"] if at is None else at
+def _values_at(dump: tuple, t: int) -> list[dict]:
+    """:func:`live_values` at position ``t`` of a dump :func:`_read` parsed."""
+    _, allocs, values, ranges = dump
     counted = _counted(allocs)[0]
     out = [{"value": name, "bytes": size, "allocation": a, "offset": off, "start": ranges[name][0],
             "stop": ranges[name][1]}
-           for name, a, off, size in values if a in counted and name in ranges and ranges[name][0] <= t <= ranges[name][1]]
+           for name, a, off, size in _live_at(values, ranges, t) if a in counted]
     return sorted(out, key=lambda v: (-v["bytes"], v["value"]))
 
 
@@ -122,10 +132,15 @@ def _counted(allocs: dict[int, tuple[int, str]]) -> tuple[set, set, set]:
 def _used(values, ranges, t: int) -> dict[int, int]:
     """Bytes in use at point ``t`` in each allocation."""
     spans: dict[int, list[tuple[int, int]]] = {}
-    for name, a, off, size in values:
-        if name in ranges and ranges[name][0] <= t <= ranges[name][1]:
-            spans.setdefault(a, []).append((off, off + size))
+    for _, a, off, size in _live_at(values, ranges, t):
+        spans.setdefault(a, []).append((off, off + size))
     return {a: _union(sp) for a, sp in spans.items()}
+
+
+def _live_at(values, ranges, t: int):
+    """The ``(value, allocation, offset, size)`` of ``values`` whose live range holds point ``t``."""
+    return ((name, a, off, size) for name, a, off, size in values
+            if name in ranges and ranges[name][0] <= t <= ranges[name][1])
 
 
 def _union(spans: list[tuple[int, int]]) -> int:
@@ -148,11 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", type=int, help="a position of the schedule (default: the live peak)")
     a = ap.parse_args(argv)
     try:
-        peak = live_peak(a.dump_dir)
-        found = live_values(a.dump_dir, a.at)
+        dump = _read(a.dump_dir, "xla_live")
     except ValueError as e:
-        print(f"xla_live: {e}", file=sys.stderr)
+        print(e, file=sys.stderr)
         return 2
+    peak = _peak(dump)
+    found = _values_at(dump, peak["at"] if a.at is None else a.at)
     print(f"{peak['module']}: live peak {peak['live_bytes']} B at {peak['at']}, idle output allocations "
           f"{peak['idle_output_bytes']} B, heap fragmentation {peak['heap_gap_bytes']} B")
     print(f"values live at {peak['at'] if a.at is None else a.at} (output allocations and temp heap):")

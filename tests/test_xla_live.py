@@ -66,4 +66,3 @@ def test_the_command_names_the_folder_without_a_dump(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path) in err and "xla_dump_to" in err
-
