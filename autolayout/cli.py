@@ -125,6 +125,7 @@ def _cost_dict(cost: Any) -> dict:
             "exposed_comm_s": cost.exposed_comm_s, "overlapped_comm_s": cost.overlapped_comm_s, "flops": cost.flops,
             "comm_bytes": cost.comm_bytes, "memory_bytes": cost.memory_bytes, "memory": dict(cost.memory),
             "fits": bool(cost.fits), "mfu": cost.mfu, "hfu": cost.hfu, "model_flops": cost.model_flops,
+            "peak_buffers": [{"name": b.name, "category": b.category, "bytes": b.bytes} for b in cost.peak_buffers],
             "collectives": [{"kind": c.kind, "bytes": c.bytes, "group_size": c.group_size,
                              "mesh_axes": list(c.mesh_axes), "op": c.op, "count": c.count, "time_s": c.time_s,
                              "overlapped": c.overlapped}
@@ -173,7 +174,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _run_predict(args: argparse.Namespace) -> int:
     from autolayout.costmodel.predict import predict
-    from autolayout.reporting.fmt import text_table
+    from autolayout.reporting.fmt import fmt_bytes, text_table
 
     g = _graph(args)
     layouts = args.layout or [_layout("")]
@@ -186,6 +187,10 @@ def _run_predict(args: argparse.Namespace) -> int:
             rows = [(r.op, r.kind, r.count, f"{r.total_s * 1e3:.4g}", r.collectives) for r in top.itertuples()]
             text += ["", f"{name}: slowest ops", text_table(rows, ("op", "kind", "count", "total ms", "collectives"),
                                                             "<<>><")]
+    for name, c in zip(names, costs) if args.peak else ():
+        rows = [(b.name, b.category, fmt_bytes(b.bytes)) for b in c.peak_buffers[:args.peak]]
+        text += ["", f"{name}: largest buffers live at the memory peak ({fmt_bytes(c.memory_bytes)} in all, "
+                     f"{len(c.peak_buffers)} buffers)", text_table(rows, ("buffer", "category", "bytes"), "<<>")]
     data = [_cost_dict(c) for c in costs]
     return _emit(args, data if len(data) > 1 else data[0], "\n".join(text))
 
@@ -467,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", type=LAYOUT, action="append", help="layout, e.g. 'batch:rows;hidden:cols' (repeatable)")
     p.add_argument("--hardware", type=HARDWARE, default=_hardware(DEFAULT_HARDWARE), help=HARDWARE_HELP)
     p.add_argument("--per-op", type=COUNT, default=0, metavar="N", help="also list the N slowest ops")
+    p.add_argument("--peak", type=COUNT, default=0, metavar="N",
+                   help="also list the N largest buffers live at the predicted memory peak")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run_predict)
 

@@ -277,7 +277,7 @@ def measure(graph: Any, args: Any, layout: str, live: bool = False) -> dict:
         ex = execute(graph, MESH, layout, args=args, repeats=1, reference=False, compiler_options=options)
         parts = live_peak(dump) if live else {}
     return {"layout": layout or "(replicated)", "predicted": ex.predicted_memory_bytes, "xla": ex.xla_memory_bytes,
-            "ratio": ex.memory_ratio, "breakdown": dict(ex.predicted.memory),
+            "ratio": ex.memory_ratio, "breakdown": dict(ex.predicted.memory), "peak": ex.predicted.peak_buffers,
             "xla_parts": dict(ex.xla_memory), **{k: v for k, v in parts.items() if k != "module"}}
 
 
@@ -336,14 +336,16 @@ def repredict(graph: Any, layout: str, xla: int, parts: dict[str, int] | None = 
     :func:`stored_parts`' row) where there is one."""
     c = predict(graph, MESH, layout, hardware="cpu")
     return {"layout": layout or "(replicated)", "predicted": c.memory_bytes, "xla": xla,
-            "ratio": c.memory_bytes / xla, "breakdown": dict(c.memory), "xla_parts": {}, **(parts or {})}
+            "ratio": c.memory_bytes / xla, "breakdown": dict(c.memory), "peak": c.peak_buffers, "xla_parts": {},
+            **(parts or {})}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run only model ids containing this text")
     ap.add_argument("--csv", help="also write the rows to this CSV file")
-    ap.add_argument("--verbose", action="store_true", help="print the predicted breakdown and XLA's parts")
+    ap.add_argument("--verbose", action="store_true",
+                    help="print the predicted breakdown, the largest buffers at the predicted peak and XLA's parts")
     ap.add_argument("--live", action="store_true",
                     help="also print XLA's peak of live bytes (xla_live.py: from its buffer-assignment dumps), "
                          "predicted / live, and the rest of XLA's figure: output allocations idle at that peak "
@@ -385,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':17s}XLA live peak {r['live_bytes']} (predicted / live {r['predicted'] / r['live_bytes']:.3f}); "
                   f"idle output allocations {r['idle_output_bytes']}, heap fragmentation {r['heap_gap_bytes']}")
         if a.verbose:
-            print(f"{'':17s}predicted {r['breakdown']}\n{'':17s}xla {r['xla_parts']}")
+            print(f"{'':17s}predicted {r['breakdown']}\n{'':17s}at the peak {r['peak'][:8]}"
+                  f"\n{'':17s}xla {r['xla_parts']}")
     ratios = [r["ratio"] for r in rows]
     off = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     print(f"\n{len(rows)} layouts, {len(rows) - len(off)} within {TOLERANCE:.0%} of XLA, {len(off)} off; "
@@ -410,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{TOLERANCE:.0%} of XLA's live peak alone")
     if a.csv:
         import pandas as pd
-        pd.DataFrame([{k: v for k, v in r.items() if k not in ("breakdown", "xla_parts")} for r in rows]).to_csv(
+        pd.DataFrame([{k: v for k, v in r.items() if k not in ("breakdown", "peak", "xla_parts")} for r in rows]).to_csv(
             a.csv, index=False)
     return 0
 

@@ -78,6 +78,21 @@ def test_predict_json_and_table(capsys):
     assert code == 0 and "batch:rows" in out and "hidden:cols" in out and "slowest ops" in out
 
 
+def test_predict_lists_the_buffers_at_the_memory_peak(capsys):
+    # the replicated MLP forward pass at its second matmul (tests/test_memory_peak.py counts it by
+    # hand): the first dot's [64, 128] float32 output (32 KiB), then the two 32 x 128 weights (16 KiB each)
+    args = ["predict", "mlp", "--batch", "64", "--d-io", "32", "--d-hidden", "128", "--no-train", *MESH,
+            "--hardware", "cpu"]
+    data = run_json(args, capsys)
+    assert sum(b["bytes"] for b in data["peak_buffers"]) == data["memory_bytes"]
+    top = [(b["name"], b["bytes"]) for b in data["peak_buffers"][:3]]
+    assert top[0] == ("dot_general_0", 64 * 128 * 4) and sorted(top[1:]) == [("v", 32 * 128 * 4), ("w", 32 * 128 * 4)]
+    code, out, _ = run(args + ["--peak", "2"], capsys)
+    assert code == 0 and "largest buffers live at the memory peak" in out
+    names = [line.split()[0] for line in out.split("memory peak")[1].splitlines()[3:] if line.strip()]
+    assert names[0] == "dot_general_0" and len(names) == 2 and names[1] in ("v", "w")
+
+
 def test_predict_several_layouts_json_is_a_list(capsys):
     data = run_json(["predict", *MLP, *MESH, "--layout", "batch:rows", "--layout", ""], capsys)
     assert [d["layout"] for d in data] == ["batch:rows", ""]
@@ -341,12 +356,13 @@ def test_python_m_report_is_the_report_command():
     (["search", *MLP, *MESH, "--time-limit", "-5"], ["--time-limit", "positive number of seconds", "'-5'"]),
     (["search", *MLP, *MESH, "--time-limit", "0"], ["--time-limit", "positive"]),
     (["predict", *MLP, *MESH, "--per-op", "-1"], ["--per-op", "count >= 0", "'-1'"]),
+    (["predict", *MLP, *MESH, "--peak", "-2"], ["--peak", "count >= 0", "'-2'"]),
     (["execute", *MLP, *MESH, "--tolerance", "-1"], ["--tolerance", ">= 0"]),
     (["execute", *MLP, "--mesh", "rows:16", "--layout", "batch:rows"],
      ["--mesh rows:16", "needs 16 devices", "JAX_NUM_CPU_DEVICES=16", "smaller --mesh"]),
     (["report", *MLP, *MESH, "--layouts", "batch:rows", "batch:rows;hidden:rows", "--no-execute", "--no-search",
       "--out", "/tmp/autolayout-test-illegal"], ["--layouts 'batch:rows;hidden:rows' is illegal on --mesh rows:2,cols:4"]),
-], ids=["mesh-and-num-devices", "negative-time-limit", "zero-time-limit", "negative-per-op", "negative-tolerance",
+], ids=["mesh-and-num-devices", "negative-time-limit", "zero-time-limit", "negative-per-op", "negative-peak", "negative-tolerance",
         "mesh-bigger-than-devices", "report-illegal-layout"])
 def test_more_bad_arguments_give_one_line_errors(args, needles, capsys):
     code, _, err = run(args, capsys)

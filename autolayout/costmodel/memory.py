@@ -106,6 +106,7 @@ the bfloat16 operands of a contraction and an einsum's result in float32 buffers
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import Mapping
 
@@ -125,7 +126,25 @@ from autolayout.costmodel.reductions import FLOAT32_BYTES, HALF, upcasts
 from autolayout.costmodel.sharing import gather_buffer_spans, replaced_by_copy, spans as shared_spans
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["peak_memory", "stored_itemsize", "stored_bytes"]
+__all__ = ["PeakBuffer", "peak_memory", "stored_itemsize", "stored_bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakBuffer:
+    """One buffer live at the predicted peak (``Cost.peak_buffers``): a tensor by its graph name, or
+    a buffer the model adds by its kind in angle brackets (``<copy>``: a dot operand's copy,
+    ``<param-copy>``: XLA's copy of a donated parameter, ``<transient>``: what the running op holds,
+    ``<held>``: partial sums waiting for a combined all-reduce, ``<unwritten OUTPUT>``: an output's
+    allocation, for the whole call, less the temporaries it holds there; ``<temporaries in donated
+    buffers>``, negative: the bytes temporaries take in donated arguments' buffers, which hold
+    them). ``category``: the breakdown's (``Cost.memory``); per category the bytes add up to it."""
+
+    name: str
+    category: str
+    bytes: int
+
+    def __repr__(self) -> str:
+        return f"{self.name}:{self.bytes}B"
 
 
 def _categories(graph: Graph) -> dict[str, str]:
@@ -189,8 +208,10 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 temp_parts: Mapping[str, tuple[int, ...]] | None = None,
                 param_copies: Mapping[str, int] | None = None,
                 relayouts: Mapping[str, int] | None = None,
-                gather_buffers: Mapping[str, Mapping[str, int]] | None = None) -> tuple[int, dict]:
-    """``(peak bytes, breakdown at the peak)`` given every tensor's local bytes ``size``
+                gather_buffers: Mapping[str, Mapping[str, int]] | None = None
+                ) -> tuple[int, dict, tuple[PeakBuffer, ...]]:
+    """``(peak bytes, breakdown at the peak, the buffers live there)`` (:class:`PeakBuffer`, largest
+    first; their bytes add up to the peak) given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
     the transient bytes ``temps[op]`` an op holds while it runs (inputs it gathered), the
     bytes ``held[op]`` a gradient-reducing op holds until its computation's combined
@@ -311,12 +332,17 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
             live, transient, ending = phases.at_peak(unit, live, transient, runs[best_at], waiting.get(best_at, 0),
                                                      spans.get(None, ()), best_at)
         here = _copies_at(spans.get(None, ()), best_at, ending)
-    for n in live + list(body_live):
-        breakdown[category[n]] += size[n]
-    for what, b in here:
-        breakdown[_SPAN_CATEGORY.get(what, "transient")] += b
-    breakdown["transient"] = transient
-    return max(best, 0), breakdown
+    bufs = [PeakBuffer(n, category[n], size[n]) for n in live + list(body_live)]
+    bufs += [PeakBuffer(f"<{what}>", _SPAN_CATEGORY.get(what, "transient"), b) for what, b in here]
+    bufs.append(PeakBuffer("<transient>", "transient", transient))
+    for b in bufs:
+        breakdown[b.category] += b.bytes
+    return max(best, 0), breakdown, _largest_first(bufs)
+
+
+def _largest_first(bufs: list[PeakBuffer]) -> tuple[PeakBuffer, ...]:
+    """``bufs`` without empty ones, largest first (then by name)."""
+    return tuple(sorted((b for b in bufs if b.bytes), key=lambda b: (-b.bytes, b.name)))
 
 
 def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
@@ -380,7 +406,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                  units, alloc: Mapping[str, int], free: Mapping[str, int],
                  spans: Mapping[str | None, list], combined: Mapping, phases: Phases,
                  after: Mapping, temp_parts: Mapping[str, tuple[int, ...]],
-                 relayouts: Mapping[str, int]) -> tuple[int, dict] | None:
+                 relayouts: Mapping[str, int]) -> tuple[int, dict, tuple[PeakBuffer, ...]] | None:
     """:func:`peak_memory` where the step has outputs allocated for the whole call
     (``outputs.whole_call_outputs``): at every point (a top-level unit, or a position in a scan's
     body), the bytes live there (as the sweep counts them: tensors, the running op's transient
@@ -467,20 +493,22 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     total, names, extras, free_outs, buffers, free_donors, reuse = best
     category = _categories(graph)
     breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
-    for n in names:
-        breakdown[category[n]] += size[n]
-    for what, b in extras:
-        breakdown[category[what.removeprefix("result:")] if what.startswith("result:")
-                  else _SPAN_CATEGORY.get(what, "transient")] += b
+    bufs = [PeakBuffer(n, category[n], size[n]) for n in names]
+    for what, b in extras:  # an op's result as a temporary (a phase of phases.Phases) by its op's name
+        op = what.removeprefix("result:")
+        bufs.append(PeakBuffer(op, category[op], b) if what.startswith("result:")
+                    else PeakBuffer(f"<{what}>", _SPAN_CATEGORY.get(what, "transient"), b))
     # each output allocation not yet written counts what the temporaries it holds leave of it (a donor: less)
     left = [size[o] for o in free_outs] + list(free_donors)
     for b, k in zip(buffers, output_placement(buffers, left, **reuse)):
         if k is not None:
             left[k] -= b
-    for o, b in zip(free_outs, left):
-        breakdown[category[o]] += b
-    breakdown["params"] -= sum(free_donors) - sum(left[len(free_outs):])
-    return max(total, 0), breakdown
+    bufs += [PeakBuffer(f"<unwritten {o}>", category[o], b) for o, b in zip(free_outs, left)]
+    bufs.append(PeakBuffer("<temporaries in donated buffers>", "params",
+                           sum(left[len(free_outs):]) - sum(free_donors)))
+    for b in bufs:
+        breakdown[b.category] += b.bytes
+    return max(total, 0), breakdown, _largest_first(bufs)
 
 
 def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:

@@ -13,7 +13,7 @@ from autolayout.costmodel.broadcasts import broadcast_bytes, broadcast_spans
 from autolayout.costmodel.recomputed import recomputed_spans, written
 from autolayout.costmodel.hardware import Hardware
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE, get_hardware
-from autolayout.costmodel.memory import peak_memory, stored_bytes, stored_itemsize
+from autolayout.costmodel.memory import PeakBuffer, peak_memory, stored_bytes, stored_itemsize
 from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.gradients import COMBINED, gradient_reduction
@@ -44,6 +44,12 @@ class Cost:
     behind 6·N·tokens); ``hardware_flops`` the contraction flops one device executes
     (recompute included), ``flops`` all its flops (element-wise ops too);
     :attr:`mfu` and :attr:`hfu` divide them by time × peak of the matmuls' dtype.
+
+    ``memory_bytes`` is the peak of live bytes per device (``costmodel/memory.py``), ``memory``
+    its breakdown by category, and ``peak_buffers`` the buffers live there, largest first
+    (:class:`~autolayout.costmodel.memory.PeakBuffer`: tensors by name, the model's other buffers
+    by kind; their bytes add up to ``memory_bytes`` and, per category, to ``memory``): what to
+    shrink when a layout does not fit.
     """
 
     time_s: float
@@ -63,6 +69,7 @@ class Cost:
     hardware_flops: float = 0.0
     overlapped_comm_s: float = 0.0
     matmul_dtype: str = "float32"
+    peak_buffers: tuple[PeakBuffer, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -202,7 +209,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
     # a donated parameter XLA copies before writing its update over it (costmodel/donations.py)
     stages = {q: sh.stage for q, sh in p.shards.items()}
     param_copies = {q: size[q] for q in copied_parameters(walk, p.axes_of, stages, hw)}
-    mem_total, breakdown = peak_memory(walk, size, temps, held, copies,
+    mem_total, breakdown, at_peak = peak_memory(walk, size, temps, held, copies,
                                      gathered, early=hw.breadth_first_schedule,
                                      groups=combined_all_reduces(walk, p.ops, hw), partials=partials,
                                      combines=hw.combines_gradient_reductions, kept=kept, broadcasts=broadcasts,
@@ -216,7 +223,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                 memory_bytes=mem_total, memory=breakdown, collectives=tuple(colls),
                 fits=mem_total <= hw.hbm_bytes, per_op=per_op, mesh=mesh, layout=p.layout, hardware=hw,
                 model_flops=model, hardware_flops=mm_flops, overlapped_comm_s=overlapped,
-                matmul_dtype=dtype)
+                matmul_dtype=dtype, peak_buffers=at_peak)
 
 
 def model_flops(graph: Graph) -> tuple[float, str]:
