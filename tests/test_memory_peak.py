@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import memory_vs_xla as bench  # noqa: E402
 from xla_live import live_values  # noqa: E402
 
 from autolayout import execute, models, predict  # noqa: E402
@@ -63,12 +64,7 @@ def test_temporaries_at_the_peak_are_xlas(layout):
     ("llama", False, "batch:data;kv_heads:model;d_ff:model", "h200"),
 ], ids=["mlp-cpu", "mlp-tp-cpu", "mlp-zero3-h100", "lm-remat-cpu", "lm-zero3-tpu", "moe-cpu", "llama-fwd-h200"])
 def test_buffers_add_up_to_the_peak_and_its_breakdown(model, train, layout, hardware):
-    sizes = {"mlp": dict(batch=64, d_io=128, d_hidden=256),
-             "transformer_lm": dict(d_model=64, d_ff=256, heads=4, d_kv=16, n_layers=2, vocab=128, batch=8, length=32),
-             "moe": dict(d_model=64, d_ff=128, experts=8, capacity=8, batch=8, length=32),
-             "llama": dict(d_model=64, heads=8, kv_heads=4, d_kv=16, d_ff=192, n_layers=2, vocab=128, batch=8,
-                           length=32)}[model]
-    c = predict(models.MODELS[model](**sizes, train=train), MESH, layout, hardware=hardware)
+    c = predict(models.MODELS[model](**bench.ZOO_SIZES[model], train=train), MESH, layout, hardware=hardware)
     assert sum(b.bytes for b in c.peak_buffers) == c.memory_bytes
     by_category = Counter()
     for b in c.peak_buffers:

@@ -314,7 +314,6 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 if there > best:
                     best, best_at, peak_after = there, i, (gone, bufs)
     live = [n for n in alloc if alloc[n] <= best_at <= free[n]]
-    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     category = _categories(graph)
     unit = units[best_at] if units else None
     if peak_after is not None:  # a point right after unit best_at (after_points)
@@ -333,16 +332,22 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                                                      spans.get(None, ()), best_at)
         here = _copies_at(spans.get(None, ()), best_at, ending)
     bufs = [PeakBuffer(n, category[n], size[n]) for n in live + list(body_live)]
-    bufs += [PeakBuffer(f"<{what}>", _SPAN_CATEGORY.get(what, "transient"), b) for what, b in here]
-    bufs.append(PeakBuffer("<transient>", "transient", transient))
+    bufs += [_span_buffer(what, b) for what, b in here] + [PeakBuffer("<transient>", "transient", transient)]
+    return _peak_result(best, bufs)
+
+
+def _span_buffer(what: str, b: int) -> PeakBuffer:
+    """The :class:`PeakBuffer` of a :func:`_spans` buffer or a running op's, by its kind."""
+    return PeakBuffer(f"<{what}>", _SPAN_CATEGORY.get(what, "transient"), b)
+
+
+def _peak_result(total: int, bufs: list[PeakBuffer]) -> tuple[int, dict, tuple[PeakBuffer, ...]]:
+    """:func:`peak_memory`'s ``(peak, breakdown, buffers)`` from the buffers live at the peak: the
+    breakdown is their bytes per category; the buffers without empty ones, largest first (then by name)."""
+    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     for b in bufs:
         breakdown[b.category] += b.bytes
-    return max(best, 0), breakdown, _largest_first(bufs)
-
-
-def _largest_first(bufs: list[PeakBuffer]) -> tuple[PeakBuffer, ...]:
-    """``bufs`` without empty ones, largest first (then by name)."""
-    return tuple(sorted((b for b in bufs if b.bytes), key=lambda b: (-b.bytes, b.name)))
+    return max(total, 0), breakdown, tuple(sorted((b for b in bufs if b.bytes), key=lambda b: (-b.bytes, b.name)))
 
 
 def _waiting(groups, units, held: Mapping[str, int]) -> dict[int, int]:
@@ -492,12 +497,10 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
                   list(bufs) + _copies_at(spans.get(None, ()), i, False))
     total, names, extras, free_outs, buffers, free_donors, reuse = best
     category = _categories(graph)
-    breakdown = {"params": 0, "grads": 0, "opt_state": 0, "activations": 0, "transient": 0}
     bufs = [PeakBuffer(n, category[n], size[n]) for n in names]
     for what, b in extras:  # an op's result as a temporary (a phase of phases.Phases) by its op's name
         op = what.removeprefix("result:")
-        bufs.append(PeakBuffer(op, category[op], b) if what.startswith("result:")
-                    else PeakBuffer(f"<{what}>", _SPAN_CATEGORY.get(what, "transient"), b))
+        bufs.append(PeakBuffer(op, category[op], b) if what.startswith("result:") else _span_buffer(what, b))
     # each output allocation not yet written counts what the temporaries it holds leave of it (a donor: less)
     left = [size[o] for o in free_outs] + list(free_donors)
     for b, k in zip(buffers, output_placement(buffers, left, **reuse)):
@@ -506,9 +509,7 @@ def _output_peak(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int]
     bufs += [PeakBuffer(f"<unwritten {o}>", category[o], b) for o, b in zip(free_outs, left)]
     bufs.append(PeakBuffer("<temporaries in donated buffers>", "params",
                            sum(left[len(free_outs):]) - sum(free_donors)))
-    for b in bufs:
-        breakdown[b.category] += b.bytes
-    return max(total, 0), breakdown, _largest_first(bufs)
+    return _peak_result(total, bufs)
 
 
 def _copies_at(spans, i: int, ending: bool = True) -> list[tuple[str, int]]:
