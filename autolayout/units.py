@@ -1,7 +1,8 @@
-"""Units the user writes: memory sizes (``"16GiB"``), read the same by the API and the CLI.
+"""Units the user writes: memory sizes (``"16GiB"``), read the same by the API and the CLI, and
+written the same by the search's errors, the reports and the command line (:func:`fmt_bytes`).
 
 The lowest layer (no autolayout imports), so the search, the reports and the command
-line share one parser.
+line share one parser and one formatter.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["SizeError", "parse_bytes"]
+__all__ = ["SizeError", "fmt_bytes", "parse_bytes"]
 
 
 class SizeError(ValueError):
@@ -49,3 +50,15 @@ def parse_bytes(text: Any) -> float:
     if not value > 0:
         raise SizeError(f"memory size must be positive, got {text!r}; give bytes per device, e.g. '16GiB'")
     return value
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``; binary units, 3 significant digits."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return ""
+    if math.isinf(n):
+        return "inf"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"

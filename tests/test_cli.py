@@ -276,7 +276,7 @@ def test_model_from_a_users_function(tmp_path, monkeypatch, capsys):
     (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "tpu-v9"], ["Unknown hardware 'tpu-v9'"]),
     (["predict", *MLP, *MESH, "--layout", "batch:rows", "--hardware", "missing.json"], ["missing.json"]),
     (["search", *MLP, *MESH, "--memory-limit", "16 parsecs"], ["cannot read memory size '16 parsecs'"]),
-    (["search", *MLP, *MESH, "--memory-limit", "1KiB"], ["memory_limit"]),
+    (["search", *MLP, *MESH, "--memory-limit", "1KiB"], ["memory_limit", "At that peak, per device: ", "the largest buffers "]),
     (["search", *MLP, *MESH, "--memory-limit=-5GiB"], ["--memory-limit", "must be positive, got '-5GiB'"]),
     (["search", *MLP], ["--mesh", "--num-devices"]),
     (["search", *MLP, *MESH, "--depth", "3"], ["unrecognized", "--depth"]),

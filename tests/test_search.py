@@ -266,6 +266,12 @@ def test_budget_below_any_layout_raises_with_the_smallest_memory():
     stated = re.search(r"with layout '([^']*)'", str(err.value)).group(1)
     assert predict(g, mesh, stated).memory_bytes == smallest
     assert isinstance(err.value, ValueError)
+    assert str(err.value.layout) == stated and err.value.memory_bytes == smallest
+    # what is live there: the stated layout's largest buffers at its predicted peak, by name
+    buffers = predict(g, mesh, stated).peak_buffers
+    shown = re.search(r"the largest buffers (.*) and (\d+) more", str(err.value))
+    assert [b.split(" (")[0] for b in shown.group(1).split(", ")] == [b.name for b in buffers[:3]]
+    assert int(shown.group(2)) == len(buffers) - 3
     # at exactly that budget a layout exists
     assert search(g, mesh, memory_limit=smallest, shard_weight_update=False).cost.memory_bytes <= smallest
 

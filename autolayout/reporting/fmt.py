@@ -5,22 +5,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from autolayout.units import SizeError, parse_bytes  # re-exported: the CLI and reports read sizes
+from autolayout.units import SizeError, fmt_bytes, parse_bytes  # re-exported: the CLI and reports read and write sizes
 
 __all__ = ["parse_bytes", "fmt_bytes", "fmt_time", "fmt_num", "short_layout", "text_table", "spearman",
            "SizeError"]
-
-
-def fmt_bytes(n: float) -> str:
-    """``1536 -> '1.50 KiB'``; binary units, 3 significant digits."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return ""
-    if math.isinf(n):
-        return "inf"
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 def fmt_time(s: float) -> str:

@@ -20,7 +20,7 @@ from autolayout.search.liveness import live_points
 from autolayout.search.tables import Tables
 from autolayout.search.wus import wus_options
 from autolayout.remat import rematerialize, remat_pairs
-from autolayout.units import SizeError, parse_bytes
+from autolayout.units import SizeError, fmt_bytes, parse_bytes
 
 __all__ = ["SearchResult", "SearchWarning", "Verified", "best_layouts", "layout", "memory_limit_bytes", "mesh_shapes",
            "search"]
@@ -324,8 +324,13 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     caches = {} if caches is None else caches
     tables = Tables(g, mesh, hw, regions=regions, op_costs=caches.setdefault("op_costs", {}))
     wus, notes = wus_options(tables, caches.setdefault("wus_deltas", {})) if shard else ([], [])
-    sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
-                      distinct_storage=distinct == "layout", stop_above_s=stop_above_s, upper_s=upper_s)
+    try:
+        sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
+                          distinct_storage=distinct == "layout", stop_above_s=stop_above_s, upper_s=upper_s)
+    except SearchError as e:
+        if e.layout is None:
+            raise
+        raise _with_peak_buffers(e, graph, mesh, hw, e.layout.with_remat(policy if policy != "none" else "")) from e
     out, seen = [], set()
     for sol in sols:
         lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
@@ -350,6 +355,31 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
                                 memory_rows=sol.memory_rows, notes=tuple(notes + sol.notes)))
     complete = all(r.status == "OPTIMAL" for r in out) and (len(out) == k or sols[-1].end in ("space", "cutoff"))
     return out, complete
+
+
+PEAK_BUFFERS_SHOWN = 3  # how many of the smallest peak's largest buffers a "does not fit" error names
+
+
+def _with_peak_buffers(e: SearchError, graph: Graph, mesh: Mesh, hw: Any, lay: Layout) -> SearchError:
+    """``e`` (no layout fits: the smallest peak memory, reached by ``lay``) with the largest
+    buffers live at that peak (``predict``'s ``Cost.peak_buffers``), so that the user sees what to
+    shrink, shard or rematerialise.
+
+    Raises:
+        RuntimeError: ``predict`` prices ``lay`` at another peak than the search found (the
+            search's live sets, search/liveness.py, no longer mirror costmodel/memory.py)."""
+    cost = predict(graph, mesh, lay, hardware=hw)
+    if cost.memory_bytes != e.memory_bytes:
+        raise RuntimeError(f"internal: search's smallest peak memory {e.memory_bytes} B != predict "
+                           f"{cost.memory_bytes} B for layout {str(lay)!r}; search/liveness.py no longer "
+                           f"mirrors costmodel/memory.py")
+    parts = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in sorted(cost.memory.items(), key=lambda kv: -kv[1]) if b)
+    top = ", ".join(f"{b.name} ({b.category}) {fmt_bytes(b.bytes)}" for b in cost.peak_buffers[:PEAK_BUFFERS_SHOWN])
+    more = len(cost.peak_buffers) - PEAK_BUFFERS_SHOWN
+    rest = f" and {more} more" if more > 0 else ""
+    return SearchError(f"{e} At that peak, per device: {parts}; the largest buffers {top}{rest} (`autolayout "
+                       f"predict` with that layout and --peak N lists them).", reason=e.reason, bound_s=e.bound_s,
+                       layout=lay, memory_bytes=e.memory_bytes)
 
 
 def best_layouts(graph: Graph, mesh: Any, k: int, *, hardware: Any = DEFAULT_HARDWARE,

@@ -18,12 +18,18 @@ class SearchError(LayoutError):
             before a fitting layout was found; one may exist).
         bound_s: for ``"time"``, a lower bound on the step time of any layout (seconds),
             when the solver had one; else ``None``.
+        layout: for ``"memory"`` from one search, the layout (an ``autolayout.Layout``) that
+            reaches the smallest peak memory found; else ``None``.
+        memory_bytes: that layout's peak memory per device (bytes); else ``None``.
     """
 
-    def __init__(self, message: str, *, reason: str = "memory", bound_s: float | None = None) -> None:
+    def __init__(self, message: str, *, reason: str = "memory", bound_s: float | None = None,
+                 layout: object = None, memory_bytes: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.bound_s = bound_s
+        self.layout = layout
+        self.memory_bytes = memory_bytes
 
 
 class SearchWarning(UserWarning):

@@ -488,7 +488,8 @@ def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: 
         fits = f"that fits memory_limit {int(memory_limit)} B " if math.isfinite(memory_limit) else ""
         raise Dominated(f"no layout {fits}takes at most {state['upper_s']:.6g} s per step")
     mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-    raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory")
+    raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory",
+                      layout=layout_of(tables, point), memory_bytes=int(mem))
 
 
 def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Decoded, warm_fits: bool,
