@@ -43,10 +43,13 @@ wrote (``--csv``) and holds each against the XLA figure stored there (the figure
 it does not change with the cost model; the compiled programs do not either while jax is the
 same), and, where the file has ``--live``'s columns (:data:`LIVE_COLUMNS`), against XLA's figure
 less its temp heap's fragmentation and against its live peak. ``reports/memory_xla/`` holds the
-eight samples measured with ``--live`` and jax 0.10.2 (the table, ``--loss``, ``--storage``,
+ten samples measured with ``--live`` and jax 0.10.2 (the table, ``--loss``, ``--storage``,
 ``--random 4 --seed 0``, ``--random 6 --seed 7``, ``--random 8 --seed 1``, ``--random 6 --seed 1``
-and ``--random 8 --seed 2``: 803 rows): a change to the memory rules is measured over all of them
-in a minute instead of the twenty its compilation takes.
+and ``--random 8 --seed 2``: 803 rows the memory rules were read from; and two held out, drawn
+after the rules were in place, ``--random 6 --seed 11`` and ``--random 8 --seed 13``: 266 rows): a
+change to the memory rules is measured over all of them in a minute instead of the twenty-odd
+their compilation takes. A new rule should be read from the first 803 and then checked on the
+held-out ones; a fresh seed is a fresh held-out sample.
 
 Run: ``PYTHONPATH=$PWD python benchmarks/memory_vs_xla.py [--only NAME] [--csv FILE] [--live]
 [--random K --seed S | --storage | --loss | --predict FILE ...]``

@@ -319,7 +319,7 @@ def test_stored_samples_split_xlas_figure():
 
     files = sorted((Path(__file__).resolve().parents[1] / "reports" / "memory_xla").glob("*.csv"))
     rows = [r for f in files for r in csv.DictReader(f.open(newline=""))]
-    assert len(files) == 8 and len(rows) == 803
+    assert len(files) == 10 and len(rows) == 1069
     for r in rows:
         xla, live = int(r["xla"]), int(r["live_bytes"])
         idle, gap = int(r["idle_output_bytes"]), int(r["heap_gap_bytes"])
