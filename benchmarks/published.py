@@ -250,6 +250,8 @@ def main(argv=None) -> int:
                 why = {"memory": f"no layout fits in {hw.hbm_bytes / GIB:.0f} GiB",
                        "time": f"no fitting layout found in {kw['time_limit_s']:.0f} s"}.get(getattr(e, "reason", ""),
                                                                                    "search failed")
+                if e.memory_bytes is not None:  # the smallest peak any layout reaches (SearchError.memory_bytes)
+                    why += f": the leanest needs {e.memory_bytes / GIB:.1f} GiB"
                 row["search"] = why
                 row["search_s"] = time.perf_counter() - t0
                 print(f"   search ({row['search_s']:.0f} s): {why}: {e}", flush=True)

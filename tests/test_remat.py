@@ -90,8 +90,11 @@ def test_search_is_exact_with_regions_and_remat(hw):
         assert r.status == "OPTIMAL"
         assert r.cost.memory_bytes <= limit
         assert r.cost.time_s == pytest.approx(want[0], rel=1e-9, abs=r.tolerance_s), (str(r.layout), want[1])
-    with pytest.raises(SearchError, match="below the smallest peak memory"):
+    with pytest.raises(SearchError, match="below the smallest peak memory") as err:
         search(g, mesh, hardware=hw, memory_limit=mems[0] - 1, shard_weight_update=False)
+    # the error carries the least peak over every policy's layouts (the enumeration's), and a layout at it
+    assert err.value.memory_bytes == mems[0]
+    assert predict(g, mesh, err.value.layout, hardware=hw).memory_bytes == mems[0]
 
 
 def test_a_policy_whose_activations_cannot_fit_is_ruled_out_before_its_tables(monkeypatch):

@@ -271,7 +271,11 @@ def _best_of(results: list[SearchResult], errors: list[tuple[str, SearchError]],
         if len(errors) == 1:
             raise errors[0][1]
         reason = "time" if any(e.reason == "time" for _, e in errors) else "memory"
-        raise SearchError(" | ".join(f"{what}: {e}" for what, e in errors), reason=reason)
+        # where every search found its smallest peak, the least of them is the request's
+        least = (min((e for _, e in errors), key=lambda e: e.memory_bytes)
+                 if all(e.layout is not None for _, e in errors) else None)
+        raise SearchError(" | ".join(f"{what}: {e}" for what, e in errors), reason=reason,
+                          layout=least.layout if least else None, memory_bytes=least.memory_bytes if least else None)
     # equal times: the first result, but a layout without remat before one with it
     best = min(results, key=lambda r: (r.cost.time_s, bool(r.layout.remat)))
     for r in results:

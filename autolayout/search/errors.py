@@ -18,8 +18,9 @@ class SearchError(LayoutError):
             before a fitting layout was found; one may exist).
         bound_s: for ``"time"``, a lower bound on the step time of any layout (seconds),
             when the solver had one; else ``None``.
-        layout: for ``"memory"`` from one search, the layout (an ``autolayout.Layout``) that
-            reaches the smallest peak memory found; else ``None``.
+        layout: for ``"memory"`` on one mesh, the layout (an ``autolayout.Layout``, with its remat
+            policy) that reaches the smallest peak memory found, the least over the remat
+            policies searched; else ``None``.
         memory_bytes: that layout's peak memory per device (bytes); else ``None``.
     """
 
