@@ -71,6 +71,7 @@ from autolayout.search.model import Decoded, LayoutModel, evaluate_time
 from autolayout.search.tables import Tables, share_bytes
 from autolayout.search.warm import greedy, sizes_of
 from autolayout.search.wus import WusParam
+from autolayout.units import fmt_bytes
 
 __all__ = ["Dominated", "SearchError", "Solved", "exclude", "layout_of", "min_memory", "search_points", "solve", "solve_best"]
 
@@ -561,13 +562,14 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
 
 def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded,
                     proven: bool = True) -> str:
-    gib = 2 ** 30
     lay = str(layout_of(tables, point)) or "(replicated)"
-    head = (f"memory_limit {limit / gib:.4g} GiB ({int(limit)} B) per device is below the smallest peak "
+    exact = f"{int(limit)} B"
+    shown = exact if fmt_bytes(limit) == exact else f"{fmt_bytes(limit)} ({exact})"
+    head = (f"memory_limit {shown} per device is below the smallest peak "
             f"memory any layout of graph {tables.graph.name!r} reaches on mesh {tables.mesh}")
     if proven:
-        return (f"{head}: {peak / gib:.4g} GiB ({peak} B), with layout {lay!r}. Raise memory_limit to at "
+        return (f"{head}: {fmt_bytes(peak)} ({peak} B), with layout {lay!r}. Raise memory_limit to at "
                 f"least {peak} B, use more devices, or shrink the model or batch.")
     return (f"{head} (proven: no layout fits); the smallest found before the time limit is "
-            f"{peak / gib:.4g} GiB ({peak} B), with layout {lay!r} (not proven minimal). Raise memory_limit "
+            f"{fmt_bytes(peak)} ({peak} B), with layout {lay!r} (not proven minimal). Raise memory_limit "
             f"(to at most {peak} B), use more devices, or shrink the model or batch.")
