@@ -328,16 +328,17 @@ def _search_best(graph: Graph, mesh: Mesh, hw: Any, limit: float, policy: str, r
     caches = {} if caches is None else caches
     tables = Tables(g, mesh, hw, regions=regions, op_costs=caches.setdefault("op_costs", {}))
     wus, notes = wus_options(tables, caches.setdefault("wus_deltas", {})) if shard else ([], [])
+    remat = policy if policy != "none" else ""  # the layouts' remat entry
     try:
         sols = solve_best(tables, wus, limit, k, time_limit_s=time_limit_s, workers=num_workers, seed=random_seed,
                           distinct_storage=distinct == "layout", stop_above_s=stop_above_s, upper_s=upper_s)
     except SearchError as e:
         if e.layout is None:
             raise
-        raise _with_peak_buffers(e, graph, mesh, hw, e.layout.with_remat(policy if policy != "none" else "")) from e
+        raise _with_peak_buffers(e, graph, mesh, hw, e.layout.with_remat(remat)) from e
     out, seen = [], set()
     for sol in sols:
-        lay = layout_of(tables, sol.point).with_remat(policy if policy != "none" else "")
+        lay = layout_of(tables, sol.point).with_remat(remat)
         if str(lay) in seen:
             raise RuntimeError(f"internal: the search returned layout {str(lay)!r} twice; the no-good cuts of "
                                f"search/solver.py no longer separate distinct layouts")

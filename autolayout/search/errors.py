@@ -1,7 +1,7 @@
 """The search's error, in a module without the solver so that catching it stays cheap."""
 from __future__ import annotations
 
-from autolayout.core import LayoutError
+from autolayout.core import Layout, LayoutError
 
 __all__ = ["Dominated", "SearchError", "SearchWarning"]
 
@@ -25,7 +25,7 @@ class SearchError(LayoutError):
     """
 
     def __init__(self, message: str, *, reason: str = "memory", bound_s: float | None = None,
-                 layout: object = None, memory_bytes: int | None = None) -> None:
+                 layout: Layout | None = None, memory_bytes: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.bound_s = bound_s
