@@ -94,11 +94,13 @@ def explore_layouts() -> list:
              'print(result.summary())\n'
              'print(f"{costs[\'2-D (paper §9)\'].time_s / result.cost.time_s:.2f}x faster than the paper\'s 2-D layout")'),
         md("Memory is a constraint (default: the device's HBM). When no layout fits, the search says how much "
-           "the best one needs:"),
+           "the leanest layout needs, which layout that is, and what fills the device there (here with every "
+           "layer rematerialised, `remat=\"full\"`, and a 2 GiB limit):"),
         code('try:\n'
-             '    autolayout.search(big, MESH, hardware="tpu-v4", memory_limit=8 * 2**30)\n'
+             '    autolayout.search(big, MESH, hardware="tpu-v4", memory_limit="2GiB", remat="full")\n'
+             '    print("a layout fits in 2 GiB")\n'
              'except autolayout.SearchError as exc:   # a ValueError, like every autolayout error\n'
-             '    print(str(exc)[:300], "...")'),
+             '    print(exc)'),
         md("## 4. Execute and validate\n\nLayouts never change results, so the layout chosen for the TPU can be "
            "checked here on the small model: run it as one `jax.shard_map` program on the local devices, compare "
            "its outputs with the unsharded step and its compiled collectives with the predicted ones (kind, "

@@ -54,5 +54,11 @@ def test_notebook_executes(path, tmp_path):
                 os.environ[k] = v
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    # a cell that shows the does-not-fit answer must show it: a limit the model has come to fit
+    # in prints nothing of the kind (the cell printed nothing for sessions before this test)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "except autolayout.SearchError" in cell.source:
+            text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            assert "is below the smallest peak memory" in text, (cell.source, text)
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, "every notebook shows at least one chart"
