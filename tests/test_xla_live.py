@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from xla_live import live_peak, live_values, main  # noqa: E402
+from xla_live import live_peak, live_values, main, packed_heap  # noqa: E402
 
 KIB16 = 64 * 64 * 4  # one f32[64,64]
 
@@ -66,3 +66,34 @@ def test_the_command_names_the_folder_without_a_dump(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path) in err and "xla_dump_to" in err
+
+
+def test_packing_a_heap_without_fragmentation_gives_xlas_size(tmp_path):
+    # (x @ x) @ x: the first product is the heap's one buffer
+    got, _ = _compile(lambda x: (x @ x) @ x, tmp_path)
+    packed = packed_heap(tmp_path)
+    assert packed["packed_bytes"] == packed["heap_bytes"] == packed["live_bytes"]
+    assert got["heap_gap_bytes"] == 0
+
+
+def test_packing_reproduces_xlas_fragmented_heap(tmp_path):
+    # the llama forward pass of benchmarks/memory_vs_xla.py with its vocabulary over data and its
+    # feed-forward over both axes: XLA's temp heap is a quarter fragmentation (its own dumps:
+    # heap_gap_bytes); packing the same buffers by best fit from their live ranges gives XLA's size
+    import memory_vs_xla as bench
+
+    from autolayout import execute
+
+    g, args = bench.CASES["llama-forward"][0]()
+    execute(g, bench.MESH, "vocab:data;d_ff:data,model;pair_out:data", args=args, repeats=1, reference=False,
+            compiler_options={**bench.FAST, "xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True})
+    gap = live_peak(tmp_path)["heap_gap_bytes"]
+    packed = packed_heap(tmp_path)
+    assert gap > packed["heap_bytes"] // 5
+    assert packed["heap_bytes"] - packed["live_bytes"] > packed["heap_bytes"] // 5
+    assert abs(packed["packed_bytes"] - packed["heap_bytes"]) <= packed["heap_bytes"] // 1000
+
+
+def test_packing_needs_a_dump(tmp_path):
+    with pytest.raises(ValueError, match="expected one program"):
+        packed_heap(tmp_path)
