@@ -26,17 +26,17 @@ two disagree.
 :func:`packed_heap` asks whether the fragmentation follows from the live ranges alone: it packs the
 temp heap's buffers again from their sizes and live ranges, the way XLA's
 ``GlobalDecreasingSizeBestFitHeap`` does in its spatial order (``xla/service/heap_simulator``:
-buffers largest first, then longest-lived; each at the smallest gap that fits among the buffers
-live at the same time, else above them), at XLA:CPU's 64-byte alignment (every offset in its
-buffer-assignment dumps is a multiple of 64). Where the packed size is XLA's heap, a cost model
-that knows each buffer's live range can predict the fragmentation by the same packing. Measured on
-62 layouts of ``benchmarks/memory_vs_xla.py`` (38 of its 41 rows off XLA's figure by more than 10%,
-and 24 drawn from the rest): within 1% of XLA's heap on 53, among them two llama forward passes
-whose heaps are 26-28% fragmentation; 13-24% under it on a llama and two MoE forward passes and an
-MLP ZeRO-3 step, 10-13% over it on two forward passes, 1-5% over on two steps, and 12% under on a
-heap of 296 bytes. XLA's own heap simulator times its buffers by allocation events, not
-``HloLiveRange`` positions, breaks ties of size and duration by value id, and places colocated
-buffers together; this packing knows only a loop's state as one buffer.
+buffers largest first, then longest-lived on the simulator's clock, which ticks once per
+allocation and once per free; each at the smallest gap that fits among the buffers live at the same
+time, else above them; a buffer's colocated values — an op writing over its operand, a loop's
+state — at one place), at XLA:CPU's 64-byte alignment (every offset in its buffer-assignment dumps
+is a multiple of 64). Where the packed size is XLA's heap, a cost model that knows each buffer's
+live range can predict the fragmentation by the same packing. Measured on 62 layouts of
+``benchmarks/memory_vs_xla.py`` (38 of its 41 rows off XLA's figure by more than 10%, and 24 drawn
+from the rest): within 0.1% of XLA's heap on 53 and within 1% on 59, among them the llama and MoE
+forward passes whose heaps are 18-28% fragmentation; 14% and 24% under it on the MLP step
+``io:data;batch:model|*:model@3`` and the llama forward ``vocab:model;d_ff:model;kv_heads:data``,
+and 12% under on a heap of 296 bytes; on the replicated llama forward pass 3.8% over.
 
 Run: ``python benchmarks/xla_live.py DUMP_DIR [--at POSITION]``
 """
@@ -82,10 +82,11 @@ def packed_heap(dump_dir: str | pathlib.Path) -> dict:
     """``{"heap_bytes", "packed_bytes", "live_bytes", "buffers"}`` for the temp heap of the program
     dumped under ``dump_dir``: XLA's size of it, the size that packing its buffers by best fit,
     largest first (module docstring) gives, the most of their bytes live at once, and how many
-    buffers there are. A buffer is the values XLA put at one offset with one size whose live ranges
-    follow one another (an element-wise op writing over its operand); a loop's state (the
-    ``while``'s values and its body's parameter, ``wide.param``) is one buffer from its first value
-    to its last.
+    buffers there are. A buffer is one value, or values XLA keeps at one offset (colocated): an op
+    writing over its operand (the two live ranges meet at that op), or a loop's state (the
+    ``while``'s values and its body's parameter, ``wide.param``). Its place must be free over each
+    of its values' live ranges, not between them; it is ordered by its first value's duration, on
+    the heap simulator's clock (:func:`_events`), as XLA orders a buffer and its colocations.
 
     Raises:
         ValueError: as :func:`live_peak`.
@@ -96,47 +97,78 @@ def packed_heap(dump_dir: str | pathlib.Path) -> dict:
         raise ValueError(f"packed_heap: expected one temp heap (preallocated-temp allocation) in the dump under "
                          f"{dump_dir}, found {len(temp)}")
     (heap,) = temp
-    bufs = _heap_buffers([(n, off, size) for n, a, off, size in values if a == heap and n in ranges], ranges)
-    placed: list[tuple[int, int, int, int]] = []  # (offset, aligned end, start, stop)
+    in_heap = [(n, off, size) for n, a, off, size in values if a == heap and n in ranges]
+    bufs = _heap_buffers(in_heap, ranges)
+    alloc_event, free_event = _events([ranges[n] for n, _, _ in in_heap])
+
+    def largest_then_longest(buf: tuple[int, list]) -> tuple:
+        start, stop = buf[1][0]
+        return -_aligned(buf[0]), alloc_event[start] - free_event[stop], start
+
+    placed: list[tuple[int, int, list]] = []  # (offset, aligned end, live ranges)
     top = 0
-    for size, start, stop in sorted(bufs, key=lambda b: (-_aligned(b[0]), -(b[2] - b[1]), b[1])):
+    for size, spans in sorted(bufs, key=largest_then_longest):
         need, reach, best = _aligned(size), 0, None
-        for lo, hi in sorted((o, e) for o, e, s, t in placed if s <= stop and start <= t):
+        busy = sorted((o, e) for o, e, other in placed
+                      if any(s <= t2 and s2 <= t for s, t in spans for s2, t2 in other))
+        for lo, hi in busy:
             if lo - reach >= need and (best is None or lo - reach < best[1]):
                 best = (reach, lo - reach)
             reach = max(reach, hi)
         offset = best[0] if best else reach
-        placed.append((offset, offset + need, start, stop))
+        placed.append((offset, offset + need, spans))
         top = max(top, offset + size)
-    live = max((sum(_aligned(b[0]) for b in bufs if b[1] <= t <= b[2]) for _, t, _ in bufs), default=0)
+    points = {s for _, spans in bufs for s, _ in spans}
+    live = max((sum(_aligned(size) for size, spans in bufs if any(s <= t <= e for s, e in spans))
+                for t in points), default=0)
     return {"heap_bytes": allocs[heap][0], "packed_bytes": top, "live_bytes": live, "buffers": len(bufs)}
+
+
+def _events(spans: list[tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:
+    """``({position: events before its allocations}, {position: events before its frees})``: the heap
+    simulator's clock, which ticks once per allocation and once per free, at each position of the
+    schedule its allocations first, then its frees, over the live ranges ``spans``."""
+    allocs: dict[int, int] = {}
+    frees: dict[int, int] = {}
+    for start, stop in spans:
+        allocs[start] = allocs.get(start, 0) + 1
+        frees[stop] = frees.get(stop, 0) + 1
+    before_alloc, before_free, clock = {}, {}, 0
+    for t in range(max((stop for _, stop in spans), default=-1) + 1):
+        before_alloc[t] = clock
+        clock += allocs.get(t, 0)
+        before_free[t] = clock
+        clock += frees.get(t, 0)
+    return before_alloc, before_free
 
 
 def _aligned(n: int) -> int:
     return -(-n // 64) * 64
 
 
-def _heap_buffers(values: list[tuple[str, int, int]], ranges: dict) -> list[tuple[int, int, int]]:
-    """``(size, start, stop)`` of the buffers of :func:`packed_heap` made of the temp heap's ``values``
-    (``(name, offset, size)``)."""
-    chains: list[list] = []  # [offset, size, start, stop, is loop state]
+def _heap_buffers(values: list[tuple[str, int, int]], ranges: dict) -> list[tuple[int, list[tuple[int, int]]]]:
+    """``(size, live ranges, the first first)`` of the buffers of :func:`packed_heap` made of the temp
+    heap's ``values`` (``(name, offset, size)``). Values at one offset one after the other, whose
+    ranges do not meet, are separate buffers the packing put in one place."""
+    chains: list[list] = []  # [offset, size, live ranges, is loop state]
     for name, off, size in sorted(values, key=lambda v: (v[1], v[2], ranges[v[0]][0])):
         start, stop = ranges[name]
         loop = name.startswith(("while", "wide.param"))
         last = chains[-1] if chains else None
-        if last and last[:2] == [off, size] and last[2] <= start <= last[3] + 1:
-            last[3], last[4] = max(last[3], stop), last[4] or loop
+        if last and last[:2] == [off, size] and start <= max(t for _, t in last[2]):
+            last[2].append((start, stop))
+            last[3] = last[3] or loop
         else:
-            chains.append([off, size, start, stop, loop])
-    out, state = [], {}
-    for off, size, start, stop, loop in chains:
+            chains.append([off, size, [(start, stop)], loop])
+    out: list[tuple[int, list[tuple[int, int]]]] = []
+    state: dict[tuple[int, int], int] = {}
+    for off, size, spans, loop in chains:
         if loop and (off, size) in state:
-            i = state[off, size]
-            out[i] = (size, min(out[i][1], start), max(out[i][2], stop))
+            out[state[off, size]][1].extend(spans)
             continue
         if loop:
             state[off, size] = len(out)
-        out.append((size, start, stop))
+        out.append((size, spans))
     return out
 
 

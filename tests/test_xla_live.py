@@ -76,21 +76,25 @@ def test_packing_a_heap_without_fragmentation_gives_xlas_size(tmp_path):
     assert got["heap_gap_bytes"] == 0
 
 
-def test_packing_reproduces_xlas_fragmented_heap(tmp_path):
-    # the llama forward pass of benchmarks/memory_vs_xla.py with its vocabulary over data and its
-    # feed-forward over both axes: XLA's temp heap is a quarter fragmentation (its own dumps:
-    # heap_gap_bytes); packing the same buffers by best fit from their live ranges gives XLA's size
+@pytest.mark.parametrize("model, layout", [
+    ("llama-forward", "vocab:data;d_ff:data,model;pair_out:data"),  # 28% of the heap fragmentation
+    ("moe-forward", "d_ff:model;length:data"),  # 18%; XLA's order there is its clock's, not positions'
+], ids=["llama-forward", "moe-forward"])
+def test_packing_reproduces_xlas_fragmented_heap(model, layout, tmp_path):
+    # forward passes of benchmarks/memory_vs_xla.py whose temp heaps XLA packs with holes (its own
+    # dumps: heap_gap_bytes); packing the same buffers by best fit from their live ranges gives
+    # XLA's size, not the live peak
     import memory_vs_xla as bench
 
     from autolayout import execute
 
-    g, args = bench.CASES["llama-forward"][0]()
-    execute(g, bench.MESH, "vocab:data;d_ff:data,model;pair_out:data", args=args, repeats=1, reference=False,
+    g, args = bench.CASES[model][0]()
+    execute(g, bench.MESH, layout, args=args, repeats=1, reference=False,
             compiler_options={**bench.FAST, "xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True})
     gap = live_peak(tmp_path)["heap_gap_bytes"]
     packed = packed_heap(tmp_path)
-    assert gap > packed["heap_bytes"] // 5
-    assert packed["heap_bytes"] - packed["live_bytes"] > packed["heap_bytes"] // 5
+    assert gap > packed["heap_bytes"] * 0.15
+    assert packed["heap_bytes"] - packed["live_bytes"] > packed["heap_bytes"] * 0.15
     assert abs(packed["packed_bytes"] - packed["heap_bytes"]) <= packed["heap_bytes"] // 1000
 
 
