@@ -91,11 +91,16 @@ def packed_heap(dump_dir: str | pathlib.Path) -> dict:
     Raises:
         ValueError: as :func:`live_peak`.
     """
-    _, allocs, values, ranges = _read(dump_dir, "packed_heap")
+    return _packed(_read(dump_dir, "packed_heap"))
+
+
+def _packed(dump: tuple) -> dict:
+    """:func:`packed_heap` of a dump :func:`_read` parsed."""
+    ba, allocs, values, ranges = dump
     temp = _counted(allocs)[2]
     if len(temp) != 1:
-        raise ValueError(f"packed_heap: expected one temp heap (preallocated-temp allocation) in the dump under "
-                         f"{dump_dir}, found {len(temp)}")
+        raise ValueError(f"packed_heap: expected one temp heap (preallocated-temp allocation) in {ba}, "
+                         f"found {len(temp)}")
     (heap,) = temp
     in_heap = [(n, off, size) for n, a, off, size in values if a == heap and n in ranges]
     bufs = _heap_buffers(in_heap, ranges)
@@ -147,9 +152,9 @@ def _aligned(n: int) -> int:
 
 
 def _heap_buffers(values: list[tuple[str, int, int]], ranges: dict) -> list[tuple[int, list[tuple[int, int]]]]:
-    """``(size, live ranges, the first first)`` of the buffers of :func:`packed_heap` made of the temp
-    heap's ``values`` (``(name, offset, size)``). Values at one offset one after the other, whose
-    ranges do not meet, are separate buffers the packing put in one place."""
+    """``(size, live ranges)`` of the buffers of :func:`packed_heap` made of the temp heap's ``values``
+    (``(name, offset, size)``), the ranges in the order of their starts. Values at one offset one
+    after the other, whose ranges do not meet, are separate buffers the packing put in one place."""
     chains: list[list] = []  # [offset, size, live ranges, is loop state]
     for name, off, size in sorted(values, key=lambda v: (v[1], v[2], ranges[v[0]][0])):
         start, stop = ranges[name]
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{peak['module']}: live peak {peak['live_bytes']} B at {peak['at']}, idle output allocations "
           f"{peak['idle_output_bytes']} B, heap fragmentation {peak['heap_gap_bytes']} B")
     try:
-        packed = packed_heap(a.dump_dir)
+        packed = _packed(dump)
         print(f"temp heap {packed['heap_bytes']} B; its {packed['buffers']} buffers packed by best fit from their "
               f"live ranges: {packed['packed_bytes']} B ({packed['live_bytes']} B live at once)")
     except ValueError as e:  # a program without one temp heap: said, and the rest still printed
