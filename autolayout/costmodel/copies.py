@@ -15,9 +15,10 @@ from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lif
 from autolayout.costmodel.reshapes import hlo_groups
 from autolayout.costmodel.sharing import shared_reads
 from autolayout.fusion import duplicable
-from autolayout.graph import Graph, Loop
+from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["copy_spans", "copy_span_bytes", "copy_transient_bytes"]
+__all__ = ["copy_spans", "switched_copies", "copy_switch", "switched_on", "splits_contraction", "copy_span_bytes",
+           "copy_transient_bytes"]
 
 
 def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> int:
@@ -96,7 +97,13 @@ def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int]
     between them, as a rematerialised layer's ReLU backward select of two recomputed
     contractions), the copy is a fusion of its own after the value's producer, so every copy of
     the value is placed from the op after that producer, and no operand is held for it
-    (``tests/test_copies.py``, against the optimized HLO and ``memory_analysis()``).
+    (``tests/test_copies.py``, against the optimized HLO and ``memory_analysis()``). Which of the
+    two XLA does can depend on the layout: a contraction whose contracted dim the layout splits
+    is not collapsed past its collective (:func:`~autolayout.costmodel.reshapes.hlo_groups`'
+    ``split``), so a value sunk into the dots' collapsed shape without the split is computed
+    through a bitcast with it, and recomputed in its copy. Where that is so, the copies are
+    placed here from the op after the producer, and the producer's own position is
+    :func:`switched_copies`' (live there under the layouts :func:`switched_on` says).
 
     A value there for the whole computation (a step argument at the top level; in a loop body, a
     value from outside it) has its copies made at the computation's start: the copy's fusion
@@ -112,15 +119,82 @@ def copy_spans(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int]
     return _copy_groups(graph)[1]
 
 
+def switched_copies(graph: Graph) -> dict[str | None, tuple[tuple[str, int, int, int], ...]]:
+    """Per computation, the dot operand copies :func:`copy_spans` leaves out at one position (the
+    value's producer's), as ``(op, operand index, position, position)``: live there exactly under
+    the layouts :func:`switched_on` says for ``copy_switch(graph, op, k)``, which recompute the
+    value in the copy's fusion (:func:`copy_spans`). ``peak_memory`` and the search's live sets
+    both read this (one rule)."""
+    return _copy_groups(graph)[2]
+
+
+def splits_contraction(op: Op, axes: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether a layout that computes ``op`` with ``axes`` (its mesh axes per dim, by graph dim
+    name, as ``OpPlan.axes``) splits a dim that contraction ``op`` contracts: its result is then
+    partial sums that a collective reduces (``plan``'s ``out_steps``), which XLA reads as the
+    dot's output reshaped back to the graph's dims (:func:`~autolayout.costmodel.reshapes.hlo_groups`)."""
+    return op.kind == "einsum" and len(op.inputs) == 2 and any(axes.get(d.name) for d in op.reduced_dims)
+
+
+def copy_switch(graph: Graph, op: str, k: int) -> tuple[frozenset[str], bool]:
+    """``(switches, when_split)`` of the copy contraction ``op`` makes of its operand ``k``, a
+    value ``t`` of :func:`switched_copies`: the contractions whose split alone
+    (:func:`splits_contraction`) changes whether XLA writes ``t`` once and the copy reads it
+    (:func:`_copy_reads_value`, with ``t``'s groups of :func:`~autolayout.costmodel.reshapes.hlo_groups`
+    under that split), and whether the copy is live at ``t``'s producer when the layout splits
+    some of them (else: when it splits none). One contraction at a time: where the layout splits
+    several, the copy reads ``t`` exactly where it would with none split but one of them, as
+    ``ReshapeMover`` leaves uncollapsed every value that any of them leaves uncollapsed."""
+    switches, reads_unsplit = _switch_of(graph, graph.op(op).inputs[k])
+    return switches, reads_unsplit
+
+
+def switched_on(switches: frozenset[str], when_split: bool, split) -> bool:
+    """Whether a copy of :func:`switched_copies` with :func:`copy_switch` ``(switches, when_split)``
+    is live at its value's producer under a layout that splits the contractions ``split``
+    (:func:`splits_contraction`)."""
+    return bool(switches & frozenset(split)) == when_split
+
+
 @lru_cache(maxsize=256)
-def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
-    """``(operands whose copies copy_spans places, copy_spans)`` (:func:`copy_spans`)."""
+def _collapsed(graph: Graph) -> dict[str, frozenset[str]]:
+    """Per contraction whose result :func:`~autolayout.costmodel.reshapes.hlo_groups` collapses,
+    the tensors whose groups change where the layout splits it (it among them)."""
+    base = hlo_groups(graph)
+    out = {}
+    for op in graph.ops():
+        if op.kind == "einsum" and len(op.inputs) == 2 and any(len(g) > 1 for g in base.get(op.name, ())):
+            alone = hlo_groups(graph, frozenset([op.name]))
+            out[op.name] = frozenset(t for t, g in alone.items() if g != base[t])
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _switch_of(graph: Graph, t: str) -> tuple[frozenset[str], bool]:
+    """``(switches, reads)`` of element-wise value ``t``: whether a copy of it reads it with no
+    contraction split (:func:`_copy_reads_value`), and the contractions whose split alone changes
+    that (:func:`copy_switch`)."""
+    full = {d.name: d.size for op in graph.ops() for d in op.dims}
+    own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
+    loop = graph.op(t).loop
+    reads = [_read(graph.op(c), t, 0, own, full) for c in readers_of(graph)[t] if graph.op(c).loop == loop]
+    reads_unsplit = _copy_reads_value(graph, t, own, reads, full, hlo_groups(graph))
+    switches = frozenset(c for c, changed in _collapsed(graph).items() if t in changed and _copy_reads_value(
+        graph, t, own, reads, full, hlo_groups(graph, frozenset([c]))) != reads_unsplit)
+    return switches, reads_unsplit
+
+
+@lru_cache(maxsize=256)
+def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[str, int, int, int], ...]],
+                                        dict[str | None, tuple[tuple[str, int, int, int], ...]]]:
+    """``(operands whose copies copy_spans places, copy_spans, switched_copies)`` (:func:`copy_spans`)."""
     units, alloc, free = lifetimes(graph)
     readers = readers_of(graph)
     outputs = {o.tensor for o in graph.outputs if o.tensor}
     full = {d.name: d.size for op in graph.ops() for d in op.dims}
     placed: set[tuple[str, int]] = set()
     out: dict[str | None, list] = {}
+    switched: dict[str | None, list] = {}  # switched_copies
 
     def place(loop: str | None, t: str, born: int, dies: int, pos: Mapping[str, int],
               gone: Mapping[str, int]) -> None:
@@ -145,11 +219,15 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         src = in_place_operand(graph, t, readers)
         copying = [e for e, g in zip(ends, groups) if e[1] is not None and not any(own in r[3] for r in g)]
         # the copies read t, written once: each is a fusion of its own after t's producer
-        # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on
-        start = born + 1 if producer.kind == "elementwise" and _copy_reads_value(graph, t, own, reads, full) else born
-        if src in gone and gone[src] == born - 1 and copying and start == born:
+        # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on. Where the
+        # layout decides which (_switch_of), t's producer's position is switched_copies'
+        elementwise = producer.kind == "elementwise"
+        switches, reads_unsplit = _switch_of(graph, t) if elementwise else (frozenset(), False)
+        start = born + 1 if elementwise and (reads_unsplit or switches) else born
+        at_born = switched.setdefault(loop, []) if switches else spans
+        if src in gone and gone[src] == born - 1 and copying and (start == born or switches):
             # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
-            spans.append((copying[0][1], copying[0][2], born, born))
+            at_born.append((copying[0][1], copying[0][2], born, born))
         for i, g in enumerate(groups):
             if i == owner:
                 continue
@@ -157,6 +235,8 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
             by = ends[owner] if in_place else ends[i]
             if by[1] is not None:
                 spans.append((by[1], by[2], start, ends[i][0]))
+                if switches:
+                    at_born.append((by[1], by[2], born, born))
 
     sharing = shared_reads(graph)[0]
 
@@ -187,7 +267,7 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         place(None, n, alloc[n], free[n], top, free)
     for t in sorted(t.name for t in graph.tensors() if t.role in ("input", "param", "opt_state")):
         place_whole(None, t, top)
-    return frozenset(placed), {k: tuple(v) for k, v in out.items()}
+    return frozenset(placed), {k: tuple(v) for k, v in out.items()}, {k: tuple(v) for k, v in switched.items()}
 
 
 def _read(op, t: str, at: int, own: tuple[str, ...], full: Mapping[str, int]) -> tuple:
@@ -215,7 +295,8 @@ def _order_groups(reads: list) -> list[list]:
     return groups
 
 
-def _copy_reads_value(graph: Graph, t: str, own: tuple[str, ...], reads: list, full: Mapping[str, int]) -> bool:
+def _copy_reads_value(graph: Graph, t: str, own: tuple[str, ...], reads: list, full: Mapping[str, int],
+                      groups_of: Mapping[str, tuple]) -> bool:
     """Whether XLA:CPU writes element-wise ``t`` once, from its own fusion, and computes its dot
     operand copy from it (:func:`copy_spans`), rather than recomputing ``t`` in the copy's fusion
     from ``t``'s operands. It does where ``t`` is one XLA may not duplicate
@@ -227,10 +308,11 @@ def _copy_reads_value(graph: Graph, t: str, own: tuple[str, ...], reads: list, f
     cannot fuse ``t``, so ``InstructionFusion`` does not duplicate it into the copy either. A
     reader through a bitcast is a loop fusion (``select_bitcast_fusion``), as the copy is
     (``copy_bitcast_fusion``), and XLA recomputes ``t`` in each (measured in XLA:CPU's optimized
-    HLO, jax 0.10.2: ``tests/test_copies.py``)."""
+    HLO, jax 0.10.2: ``tests/test_copies.py``). ``groups_of``: ``hlo_groups`` under the layout's
+    split contractions."""
     if duplicable(graph.op(t)):
         return False
-    groups = hlo_groups(graph).get(t)
+    groups = groups_of.get(t)
     return any(c is not None and own in orders and groups in _dot_operand_groups(graph.op(c), k, full)
                for _, c, k, orders in reads)
 
@@ -249,11 +331,15 @@ def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[
     return found
 
 
-def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]]) -> dict[str | None, list]:
-    """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``."""
+def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]],
+                    split: frozenset[str] = frozenset()) -> dict[str | None, list]:
+    """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``,
+    and the :func:`switched_copies` live under a layout splitting the contractions ``split``."""
     out: dict[str | None, list] = {}
-    for loop, spans in copy_spans(graph).items():
-        for n, k, start, stop in spans:
+    on = {loop: tuple(s for s in spans if switched_on(*copy_switch(graph, s[0], s[1]), split))
+          for loop, spans in switched_copies(graph).items()}
+    for loop in dict.fromkeys([*copy_spans(graph), *on]):
+        for n, k, start, stop in copy_spans(graph).get(loop, ()) + on.get(loop, ()):
             b = copies.get(n, ())
             if len(b) > k and b[k]:
                 out.setdefault(loop, []).append((start, stop, b[k]))

@@ -15,9 +15,10 @@ from autolayout.graph import Graph
 __all__ = ["hlo_groups"]
 
 
-@lru_cache(maxsize=256)
-def hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
-    """For every tensor, its dims (of size > 1) grouped as the array XLA computes it in.
+@lru_cache(maxsize=1024)
+def hlo_groups(graph: Graph, split: frozenset[str] = frozenset()) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """For every tensor, its dims (of size > 1) grouped as the array XLA computes it in, where the
+    layout splits a dim that each contraction of ``split`` contracts.
 
     A contraction's output is ``dot_general``'s after ``DotDecomposer`` collapsed its operands
     (each batch dim, the lhs's free dims as one, the rhs's as one), reshaped to the graph's dims
@@ -31,13 +32,21 @@ def hlo_groups(graph: Graph) -> dict[str, tuple[tuple[str, ...], ...]]:
     and ``tests/test_reshapes.py``):
     ``where(a > 0, c, 0)`` and ``a * c`` of two ``bld,df->blf`` dots are computed as ``[b*l, f]``;
     not with a bias ``[f]`` added to ``a``, nor with an argument ``[b, l, f]`` for ``c``, nor where
-    ``a`` is also read by an op that does not sink in the same pass (``a * logistic(a) * c``)."""
+    ``a`` is also read by an op that does not sink in the same pass (``a * logistic(a) * c``).
+
+    A contraction of ``split`` (:func:`~autolayout.costmodel.copies.splits_contraction`) writes
+    partial sums that an all-reduce or reduce-scatter reads reshaped to the graph's dims, and
+    ``ReshapeMover`` sinks no reshape past a collective: its result is computed in its own dims.
+    Measured (XLA:CPU, jax 0.10.2, the MLP block of ``tests/test_copies.py`` under ``shard_map``
+    with ``d`` split, and the transformer's ReLU backward under ``d_model:model``): the
+    all-reduce's operand is ``bitcast(ynn_fusion)`` to ``[b, l, f]`` and the select reading both
+    psums is a ``select_bitcast_fusion`` of 3-D operands."""
     full = {d.name: d.size for op in graph.ops() for d in op.dims}
     kept = {o.tensor for o in graph.outputs if o.tensor} | {n for lp in graph.loops.values() for _, n in lp.carries}
     own = {op.name: tuple((d.name,) for d in op.output.shape if full[d.name] > 1) for op in graph.ops()}
     sunk: dict[str, tuple[tuple[str, ...], ...]] = {}  # tensors XLA computes collapsed, as a reshape's operand
     for op in graph.ops():
-        if op.kind == "einsum" and len(op.inputs) == 2:
+        if op.kind == "einsum" and len(op.inputs) == 2 and op.name not in split:
             batch, lhs, _ = canonical_dims(op, 0, full)
             rhs = canonical_dims(op, 1, full)[1]
             groups = tuple((d,) for d in batch) + tuple(tuple(g) for g in (lhs, rhs) if g)

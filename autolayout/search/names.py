@@ -1,7 +1,8 @@
 """The names of the search's live sets (``search/liveness.py``) beside the tensors: a running
 op's transient bytes and their parts, a split reduction's partial sums, result, relayout copy and
 pending sums, a gradient op's held bytes, the buffers that live over a span of schedule positions
-(:data:`SPAN_KINDS`: dot operand copies, shared conversions, kept operands, broadcasts, recomputed
+(:data:`SPAN_KINDS`: dot operand copies, and those the layout puts at their value's producer,
+shared conversions, kept operands, broadcasts, recomputed
 sources, pending partial sums), the members of a combined all-reduce and XLA's copies of donated
 parameters. Each is a string that no tensor name can be (it starts with a NUL), made and read
 only by these functions; ``search.warm.sizes_of`` sizes them for a layout and
@@ -15,7 +16,7 @@ from typing import Any
 
 from autolayout.costmodel.bitcasts import kept_spans
 from autolayout.costmodel.broadcasts import broadcast_spans
-from autolayout.costmodel.copies import copy_spans
+from autolayout.costmodel.copies import copy_spans, switched_copies
 from autolayout.costmodel.phases import pending_spans
 from autolayout.costmodel.recomputed import recomputed_spans
 from autolayout.costmodel.sharing import gather_buffer_spans, spans as shared_spans
@@ -23,7 +24,8 @@ from autolayout.graph import Graph
 
 __all__ = ["transient", "is_transient", "transient_part", "is_transient_part", "TRANSIENT_PARTS", "held",
            "is_held", "partial", "is_partial", "result", "is_result", "relayout", "is_relayout", "pending",
-           "copy", "is_copy", "copy_operand", "gathered", "is_gathered", "gathered_tensor", "gather_buffer", "op_of",
+           "copy", "is_copy", "copy_operand", "switched_copy", "gathered", "is_gathered", "gathered_tensor",
+           "gather_buffer", "op_of",
            "combined", "is_combined", "kept", "is_kept", "kept_of", "broadcast", "is_broadcast",
            "broadcast_of", "recomputed", "is_recomputed", "recomputed_of", "SpanKind", "SPAN_KINDS",
            "span_kind", "param_copy", "is_param_copy", "donor", "is_donor", "donor_param", "is_layout_sized"]
@@ -33,6 +35,7 @@ _TRANSIENT = "\x00transient:"
 _TRANSIENT_PART = "\x00transient-part:"
 _HELD = "\x00held:"
 _COPY = "\x00copy:"
+_SWITCHED = "\x00switched-copy:"
 _GATHERED = "\x00gathered:"
 _COMBINED = "\x00combined:"
 _PARTIAL = "\x00partial:"
@@ -121,6 +124,13 @@ def copy(op: str, k: int) -> str:
     ``k`` (:func:`~autolayout.costmodel.copies.copy_spans`), live from the operand's producer to
     ``op``."""
     return f"{_COPY}{k}:{op}"
+
+
+def switched_copy(op: str, k: int) -> str:
+    """The name under which a live set lists the copy of :func:`copy` ``(op, k)`` at its value's
+    producer, where the layout decides whether XLA computes it there
+    (:func:`~autolayout.costmodel.copies.switched_copies`: 0 bytes under the layouts that do not)."""
+    return f"{_SWITCHED}{k}:{op}"
 
 
 def is_copy(name: str) -> bool:
@@ -245,6 +255,10 @@ SPAN_KINDS: tuple[SpanKind, ...] = (
     # a dot operand copy, live from the operand's producer to its dot
     SpanKind(lambda g, early: copy_spans(g), lambda op, k: (op, k), copy,
              lambda n: (op_of(n), copy_operand(n)), lambda t, op, k: t.copy_bytes(t.graph.op(op), k), _COPY),
+    # that copy at its value's producer, where the layout's split contractions decide it is there
+    SpanKind(lambda g, early: switched_copies(g), lambda op, k: (op, k), switched_copy,
+             lambda n: tuple(_switched_parts(n)), lambda t, op, k: t.switched_copy_bytes(t.graph.op(op), k),
+             _SWITCHED),
     # a conversion later readers share, live from where it runs to the last of them
     SpanKind(shared_spans, lambda op, tensor: (op, tensor), gathered, lambda n: (op_of(n), gathered_tensor(n)),
              lambda t, op, tensor: t.gathered_bytes(t.graph.op(op), tensor), _GATHERED),
@@ -265,6 +279,12 @@ SPAN_KINDS: tuple[SpanKind, ...] = (
     SpanKind(lambda g, early: recomputed_spans(g), lambda source, value: (source, value), recomputed,
              lambda n: recomputed_of(n), lambda t, source, value: t.recomputed_bytes(source, value), _RECOMPUTED),
 )
+
+
+def _switched_parts(name: str) -> tuple[str, int]:
+    """``(op, k)`` of a :func:`switched_copy` name."""
+    k, op = name[len(_SWITCHED):].split(":", 1)
+    return op, int(k)
 
 
 def span_kind(name: str) -> SpanKind | None:

@@ -34,7 +34,7 @@ from autolayout.costmodel.phases import pending_bytes, phased_reductions
 from autolayout.costmodel.bitcasts import is_bitcast, is_rename
 from autolayout.costmodel.broadcasts import broadcast_bytes
 from autolayout.costmodel.recomputed import written
-from autolayout.costmodel.copies import copy_transient_bytes
+from autolayout.costmodel.copies import copy_switch, copy_transient_bytes, splits_contraction, switched_on
 from autolayout.costmodel.gradients import COMBINED, REDUCTIONS
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.overlap import domain_of, overlappable, split
@@ -126,6 +126,7 @@ class Tables:
         self._bitcasts: dict[str, np.ndarray] = {}
         self._stored: dict = {}  # stored_bytes, kept_bytes and recomputed_bytes: by tensor or (tensor, reader)
         self._copies: dict[tuple[str, int], np.ndarray] = {}
+        self._switched: dict[tuple[str, int], tuple[tuple[str, ...], np.ndarray]] = {}
         self._held: dict[str, np.ndarray] = {}
         classes: dict[tuple, list] = {}
         for c in graph.signature_classes():  # split by how each op sees the regions
@@ -326,6 +327,28 @@ class Tables:
                 [(self.op_cost(op, dims, a).operand_copy_bytes or (0,) * (k + 1))[k] for a in g.assignments],
                 dtype=np.int64)
         return dims, hit
+
+    def switched_copy_bytes(self, op: Op, k: int) -> tuple[tuple[str, ...], np.ndarray]:
+        """``(dims, bytes)``: :meth:`copy_bytes` where the layout puts that copy at its value's
+        producer too (:func:`~autolayout.costmodel.copies.switched_on` of its
+        :func:`~autolayout.costmodel.copies.copy_switch`, as ``predict`` counts it), else 0, for
+        each assignment of the group of the op's dims and those of the contractions that switch it."""
+        hit = self._switched.get((op.name, k))
+        if hit is None:
+            switches, when_split = copy_switch(self.graph, op.name, k)
+            contractions = [self.graph.op(c) for c in sorted(switches)]
+            own, copy = self.copy_bytes(op, k)
+            dims = self.space.order(tuple(dict.fromkeys(
+                [*own, *(d for c in contractions for d in self.views.compute(c))])))
+            g = self.group(dims)
+            rows = []
+            for i in range(len(g.assignments)):
+                axes = g.axes_of(i)
+                split = [c.name for c in contractions if splits_contraction(
+                    c, {d.name: axes.get(v, ()) for d, v in zip(c.dims, self.views.compute(c))})]
+                rows.append(copy[self.restrict(axes, own)] if switched_on(switches, when_split, split) else 0)
+            hit = self._switched[(op.name, k)] = (dims, np.array(rows, dtype=np.int64))
+        return hit
 
     def gathered_bytes(self, op: Op, tensor: str, *, raw: bool = False) -> tuple[tuple[str, ...], np.ndarray]:
         """``(dims, bytes)``: the bytes of the copy of ``tensor`` that ``op`` converts for later
