@@ -7,18 +7,20 @@ start, for ``memory.peak_memory`` and the search's live sets (``search/liveness.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
+from autolayout.costmodel.broadcasts import ynn_reduction
 from autolayout.costmodel.dotcopy import accepted_orders, canonical_dims
 from autolayout.costmodel.lifetimes import body_lifetimes, in_place_operand, lifetimes, readers_of
 from autolayout.costmodel.reshapes import hlo_groups
 from autolayout.costmodel.sharing import shared_reads
-from autolayout.fusion import duplicable
+from autolayout.fusion import duplicable, reduction
 from autolayout.graph import Graph, Loop, Op
 
-__all__ = ["copy_spans", "switched_copies", "copy_switch", "switched_on", "splits_contraction", "copy_span_bytes",
-           "copy_transient_bytes"]
+__all__ = ["copy_spans", "switched_copies", "CopySwitch", "copy_switch", "switched_on", "live_switched_copies",
+           "splits_contraction", "copy_span_bytes", "copy_transient_bytes"]
 
 
 def copy_transient_bytes(graph: Graph, name: str, copies: tuple[int, ...]) -> int:
@@ -136,24 +138,43 @@ def splits_contraction(op: Op, axes: Mapping[str, tuple[str, ...]]) -> bool:
     return op.kind == "einsum" and len(op.inputs) == 2 and any(axes.get(d.name) for d in op.reduced_dims)
 
 
-def copy_switch(graph: Graph, op: str, k: int) -> tuple[frozenset[str], bool]:
-    """``(switches, when_split)`` of the copy contraction ``op`` makes of its operand ``k``, a
-    value ``t`` of :func:`switched_copies`: the contractions whose split alone
-    (:func:`splits_contraction`) changes whether XLA writes ``t`` once and the copy reads it
-    (:func:`_copy_reads_value`, with ``t``'s groups of :func:`~autolayout.costmodel.reshapes.hlo_groups`
-    under that split), and whether the copy is live at ``t``'s producer when the layout splits
-    some of them (else: when it splits none). One contraction at a time: where the layout splits
-    several, the copy reads ``t`` exactly where it would with none split but one of them, as
-    ``ReshapeMover`` leaves uncollapsed every value that any of them leaves uncollapsed."""
-    switches, reads_unsplit = _switch_of(graph, graph.op(op).inputs[k])
-    return switches, reads_unsplit
+@dataclass(frozen=True)
+class CopySwitch:
+    """What decides whether a copy of :func:`switched_copies` is live at its value's producer
+    (:func:`switched_on`): ``value``, the element-wise value it copies; ``switches``, the
+    contractions whose split alone changes whether XLA writes the value once and the copy reads
+    it (:func:`_copy_reads_value` under ``hlo_groups``' split, one contraction at a time: where
+    the layout splits several, as where it splits one of them, since ``ReshapeMover`` leaves
+    uncollapsed every value any of them leaves uncollapsed); ``reads_unsplit``, whether it does
+    with none split; ``reduced``, whether a reduction reads the value (``fusion.reduction``,
+    from memory: ``lifetimes.readers_of``) that XLA may not duplicate (``fusion.duplicable``)."""
+
+    value: str
+    switches: frozenset[str]
+    reads_unsplit: bool
+    reduced: bool
 
 
-def switched_on(switches: frozenset[str], when_split: bool, split) -> bool:
-    """Whether a copy of :func:`switched_copies` with :func:`copy_switch` ``(switches, when_split)``
-    is live at its value's producer under a layout that splits the contractions ``split``
-    (:func:`splits_contraction`)."""
-    return bool(switches & frozenset(split)) == when_split
+def copy_switch(graph: Graph, op: str, k: int) -> CopySwitch:
+    """The :class:`CopySwitch` of the copy contraction ``op`` makes of its operand ``k``."""
+    return _switch_of(graph, graph.op(op).inputs[k])
+
+
+def switched_on(switch: CopySwitch, split, local_elements: int, ynn: bool) -> bool:
+    """Whether a copy of :func:`switched_copies` is live at its value's producer under a layout
+    that splits the contractions ``split`` (:func:`splits_contraction`) and gives the value
+    ``local_elements`` on a device, on hardware making YNNPACK reductions (``ynn``:
+    ``Hardware.ynn_reductions``). It is not where XLA writes the value once and the copy reads it:
+    where :func:`_copy_reads_value` holds under the split, or where a reduction reads the value and
+    is a YNNPACK fusion (``broadcasts.ynn_reduction``), which takes in no value XLA may not
+    duplicate: XLA then writes it, and its other readers, the copy among them, read it
+    (``InstructionFusion``'s globally unfusible producers: a producer whose operands outweigh it is
+    duplicated into none of its users unless into all. Measured in XLA:CPU's optimized HLO and
+    ``memory_analysis()``, jax 0.10.2: the programs of ``tests/test_copies.py`` with a
+    ``v.sum((0, 1))`` output added, and the equinox block's MLP backward, whose ``dh`` the bias
+    gradient's ``ynn_fusion`` reads, as its transposing copy does)."""
+    reads = bool(switch.switches & frozenset(split)) != switch.reads_unsplit
+    return not (reads or (switch.reduced and ynn_reduction(local_elements, ynn)))
 
 
 @lru_cache(maxsize=256)
@@ -170,18 +191,18 @@ def _collapsed(graph: Graph) -> dict[str, frozenset[str]]:
 
 
 @lru_cache(maxsize=4096)
-def _switch_of(graph: Graph, t: str) -> tuple[frozenset[str], bool]:
-    """``(switches, reads)`` of element-wise value ``t``: whether a copy of it reads it with no
-    contraction split (:func:`_copy_reads_value`), and the contractions whose split alone changes
-    that (:func:`copy_switch`)."""
+def _switch_of(graph: Graph, t: str) -> CopySwitch:
+    """The :class:`CopySwitch` of element-wise value ``t``."""
     full = {d.name: d.size for op in graph.ops() for d in op.dims}
     own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
     loop = graph.op(t).loop
-    reads = [_read(graph.op(c), t, 0, own, full) for c in readers_of(graph)[t] if graph.op(c).loop == loop]
+    readers = [c for c in readers_of(graph)[t] if graph.op(c).loop == loop]
+    reads = [_read(graph.op(c), t, 0, own, full) for c in readers]
     reads_unsplit = _copy_reads_value(graph, t, own, reads, full, hlo_groups(graph))
     switches = frozenset(c for c, changed in _collapsed(graph).items() if t in changed and _copy_reads_value(
         graph, t, own, reads, full, hlo_groups(graph, frozenset([c]))) != reads_unsplit)
-    return switches, reads_unsplit
+    reduced = not duplicable(graph.op(t)) and any(reduction(graph.op(c)) for c in readers)
+    return CopySwitch(t, switches, reads_unsplit, reduced)
 
 
 @lru_cache(maxsize=256)
@@ -222,8 +243,9 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on. Where the
         # layout decides which (_switch_of), t's producer's position is switched_copies'
         elementwise = producer.kind == "elementwise"
-        switches, reads_unsplit = _switch_of(graph, t) if elementwise else (frozenset(), False)
-        start = born + 1 if elementwise and (reads_unsplit or switches) else born
+        sw = _switch_of(graph, t) if elementwise else None
+        switches = sw is not None and (sw.switches or (sw.reduced and not sw.reads_unsplit))
+        start = born + 1 if sw is not None and (sw.reads_unsplit or switches) else born
         at_born = switched.setdefault(loop, []) if switches else spans
         if src in gone and gone[src] == born - 1 and copying and (start == born or switches):
             # the copy is a second fusion reading src: src outlives t's producer, beside t and the copy
@@ -331,13 +353,26 @@ def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[
     return found
 
 
+def live_switched_copies(graph: Graph, split: frozenset[str], local_elements: Mapping[str, int],
+                         ynn: bool) -> frozenset[tuple[str, int]]:
+    """The ``(op, operand index)`` of the :func:`switched_copies` live at their values' producers
+    under a layout that splits the contractions ``split`` and gives each value
+    ``local_elements[value]`` on a device (:func:`switched_on`), for ``copy_span_bytes``."""
+    out = set()
+    for spans in switched_copies(graph).values():
+        for n, k, _, _ in spans:
+            sw = copy_switch(graph, n, k)
+            if switched_on(sw, split, local_elements[sw.value], ynn):
+                out.add((n, k))
+    return frozenset(out)
+
+
 def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]],
-                    split: frozenset[str] = frozenset()) -> dict[str | None, list]:
+                    switched: frozenset[tuple[str, int]] = frozenset()) -> dict[str | None, list]:
     """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``,
-    and the :func:`switched_copies` live under a layout splitting the contractions ``split``."""
+    and those of :func:`switched_copies` that ``switched`` holds (:func:`live_switched_copies`)."""
     out: dict[str | None, list] = {}
-    on = {loop: tuple(s for s in spans if switched_on(*copy_switch(graph, s[0], s[1]), split))
-          for loop, spans in switched_copies(graph).items()}
+    on = {loop: tuple(s for s in spans if (s[0], s[1]) in switched) for loop, spans in switched_copies(graph).items()}
     for loop in dict.fromkeys([*copy_spans(graph), *on]):
         for n, k, start, stop in copy_spans(graph).get(loop, ()) + on.get(loop, ()):
             b = copies.get(n, ())

@@ -209,7 +209,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
                 param_copies: Mapping[str, int] | None = None,
                 relayouts: Mapping[str, int] | None = None,
                 gather_buffers: Mapping[str, Mapping[str, int]] | None = None,
-                split: frozenset[str] = frozenset()) -> tuple[int, dict, tuple[PeakBuffer, ...]]:
+                switched: frozenset[tuple[str, int]] = frozenset()) -> tuple[int, dict, tuple[PeakBuffer, ...]]:
     """``(peak bytes, breakdown at the peak, the buffers live there)`` (:class:`PeakBuffer`, largest
     first; their bytes add up to the peak) given every tensor's local bytes ``size``
     (a plan's ``local_bytes``: 0 for elementwise intermediates fused into their consumers),
@@ -248,9 +248,9 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     ``relayouts[op]``: the relayout copy in ``partials[op]`` (``reductions.ReductionBytes.relayout``), placed apart.
     ``gather_buffers[op][tensor]``: the float32 buffer of the all-gather of a converted copy of
     ``gathered`` (``reductions.half_gathers``), live where the conversion runs. A copy that takes
-    its tensor's place (``sharing.replaced_by_copy``) counts less the tensor's bytes. ``split``: the
-    contractions the layout splits a contracted dim of (``copies.splits_contraction``), which decide
-    where ``copies.switched_copies`` are live."""
+    its tensor's place (``sharing.replaced_by_copy``) counts less the tensor's bytes. ``switched``: the
+    copies of ``copies.switched_copies`` live at their values' producers under the layout
+    (``copies.live_switched_copies``)."""
     temps = temps or {}
     held = held or {}
     phases = Phases(graph, size, partials or {}, deferred_reductions(graph, combines))
@@ -258,7 +258,7 @@ def peak_memory(graph: Graph, size: Mapping[str, int], temps: Mapping[str, int] 
     gathered = {prov: {t: (max(b - size.get(t, 0), 0) if (prov, t) in replaced else b)
                        for t, b in copies_of.items()} for prov, copies_of in (gathered or {}).items()}
     spans = _spans(graph, copies or {}, gathered, early, kept or {}, broadcasts or {}, recomputed or {},
-                   param_copies or {}, gather_buffers or {}, split)
+                   param_copies or {}, gather_buffers or {}, switched)
     pending = {}  # partial sums waiting for a later collective (phases.pending_spans)
     for loop, group in pending_spans(graph).items():
         for op, _, start, stop in group:
@@ -525,10 +525,10 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
            early: bool, kept: Mapping[str, int], broadcasts: Mapping[tuple[str, str], int],
            recomputed: Mapping[tuple[str, str], int], param_copies: Mapping[str, int],
            gather_buffers: Mapping[str, Mapping[str, int]],
-           split: frozenset[str]) -> dict[str | None, list[tuple[int, int, int, str]]]:
+           switched: frozenset[tuple[str, int]]) -> dict[str | None, list[tuple[int, int, int, str]]]:
     """Per computation, the buffers live over a span of positions ``(start, stop, bytes, kind)``:
     the dot operand copies of :func:`~autolayout.costmodel.copies.copy_span_bytes` (``"copy"``; those
-    of ``copies.switched_copies`` where the layout's ``split`` contractions switch them on),
+    of ``copies.switched_copies`` that ``switched`` holds),
     the conversions shared by later readers (``sharing.shared_reads``, ``"gathered"``, and their
     all-gathers' float32 buffers where the conversion runs, ``sharing.gather_buffer_spans``), operands
     kept for renames that are bitcasts and sources kept for recomputed values
@@ -536,7 +536,7 @@ def _spans(graph: Graph, copies: Mapping[str, tuple[int, ...]], gathered: Mappin
     writes (``broadcasts.broadcast_spans``, ``"broadcast"``), and XLA's copies of donated parameters
     with their own buffers until the update (``donations.param_copy_spans``, ``"param-copy"``,
     ``("donor", parameter)``); of the last four, those the layout gives bytes."""
-    out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies, split).items()}
+    out = {k: [(*v, "copy") for v in vs] for k, vs in copy_span_bytes(graph, copies, switched).items()}
     replaced = replaced_by_copy(graph)
     for loop, group in shared_spans(graph, early).items():
         for prov, t, start, stop in group:

@@ -332,21 +332,25 @@ class Tables:
         """``(dims, bytes)``: :meth:`copy_bytes` where the layout puts that copy at its value's
         producer too (:func:`~autolayout.costmodel.copies.switched_on` of its
         :func:`~autolayout.costmodel.copies.copy_switch`, as ``predict`` counts it), else 0, for
-        each assignment of the group of the op's dims and those of the contractions that switch it."""
+        each assignment of the group of the op's dims, the value's and those of the contractions
+        that switch it."""
         hit = self._switched.get((op.name, k))
         if hit is None:
-            switches, when_split = copy_switch(self.graph, op.name, k)
-            contractions = [self.graph.op(c) for c in sorted(switches)]
+            sw = copy_switch(self.graph, op.name, k)
+            contractions = [self.graph.op(c) for c in sorted(sw.switches)]
+            value = self.graph.tensor(sw.value)
             own, copy = self.copy_bytes(op, k)
+            vdims, elements = self.tensor_dims(value), self._local_elements(value)
             dims = self.space.order(tuple(dict.fromkeys(
-                [*own, *(d for c in contractions for d in self.views.compute(c))])))
+                [*own, *vdims, *(d for c in contractions for d in self.views.compute(c))])))
             g = self.group(dims)
             rows = []
             for i in range(len(g.assignments)):
                 axes = g.axes_of(i)
                 split = [c.name for c in contractions if splits_contraction(
                     c, {d.name: axes.get(v, ()) for d, v in zip(c.dims, self.views.compute(c))})]
-                rows.append(copy[self.restrict(axes, own)] if switched_on(switches, when_split, split) else 0)
+                on = switched_on(sw, split, int(elements[self.restrict(axes, vdims)]), self.hw.ynn_reductions)
+                rows.append(copy[self.restrict(axes, own)] if on else 0)
             hit = self._switched[(op.name, k)] = (dims, np.array(rows, dtype=np.int64))
         return hit
 
