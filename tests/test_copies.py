@@ -45,25 +45,29 @@ VALUES = {  # name: (v of the two contractions a, c, an argument p [b, l, f] and
 }
 
 
-def _fn(value):
+def _fn(value, summed: bool = False):
+    """The program of ``value``; ``summed``: with ``v.sum((0, 1))`` as a third output (a bias
+    gradient's reduction of ``v``, the last table below)."""
     def fn(x, w1, w2, w3, p, bias):
         a = jnp.einsum("bld,df->blf", x, w1)
         c = jnp.einsum("bld,df->blf", x, w2)
         v = value(a, c, p, bias)
-        return jnp.einsum("blf,df->bld", v, w3), jnp.einsum("blf,bld->fd", v, x)
+        outs = (jnp.einsum("blf,df->bld", v, w3), jnp.einsum("blf,bld->fd", v, x))
+        return outs + (v.sum((0, 1)),) if summed else outs
     return fn
 
 
-def _args():
-    ks = jax.random.split(jax.random.PRNGKey(0), 6)
-    shapes = [(B, L, D), (D, F), (D, F), (D, F), (B, L, F), (F,)]
+def _args(b: int = B, length: int = L, seed: int = 0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+    shapes = [(b, length, D), (D, F), (D, F), (D, F), (b, length, F), (F,)]
     return tuple(jax.random.normal(k, s, jnp.float32) for k, s in zip(ks, shapes))
 
 
-def _copy_operands(hlo: str) -> list[str]:
-    """The operands of the optimized HLO's transposing copy fusion (the one writing [f, b*l])."""
+def _copy_operands(hlo: str, rows: int = B * L) -> list[str]:
+    """The operands of the optimized HLO's transposing copy fusion (the one writing [f, b*l],
+    ``rows`` = b*l)."""
     entry = hlo[hlo.index("ENTRY"):]
-    hits = re.findall(rf"%copy_bitcast_fusion\S* = f32\[{F},{B * L}\]\S* fusion\(([^)]*)\)", entry)
+    hits = re.findall(rf"%copy_bitcast_fusion\S* = f32\[{F},{rows}\]\S* fusion\(([^)]*)\)", entry)
     assert len(hits) == 1, entry
     return [o.strip().lstrip("%") for o in hits[0].split(",")]
 
@@ -289,19 +293,8 @@ def test_search_holds_the_switched_copy_as_predict_does():
 # which takes in no value XLA may not duplicate, so XLA writes v once and every other reader, the
 # copy among them, reads it; below that the reduction is a loop fusion and v is recomputed in the
 # copy as before (copies.switched_on: the equinox block's MLP backward, 1.104 -> 0.988).
-def _summed_fn(value):
-    def fn(x, w1, w2, w3, p, bias):
-        a = jnp.einsum("bld,df->blf", x, w1)
-        c = jnp.einsum("bld,df->blf", x, w2)
-        v = value(a, c, p, bias)
-        return jnp.einsum("blf,df->bld", v, w3), jnp.einsum("blf,bld->fd", v, x), v.sum((0, 1))
-    return fn
-
-
 def _summed_args(b: int, length: int):
-    ks = jax.random.split(jax.random.PRNGKey(3), 6)
-    shapes = [(b, length, D), (D, F), (D, F), (D, F), (b, length, F), (F,)]
-    return tuple(jax.random.normal(k, s, jnp.float32) for k, s in zip(ks, shapes))
+    return _args(b, length, seed=3)
 
 
 SUMMED_SIZES = {"ynn-reduction": (B, L), "loop-reduction": (1, 16)}  # v: 32768 and 2048 elements
@@ -314,11 +307,8 @@ def test_xla_cpu_copy_reads_a_value_a_ynn_reduction_reads(name, size):
     duplicates; a duplicable v and a v under the loop reduction are recomputed as without the sum
     (the first table, where the dot reading v through a bitcast is what decides)."""
     b, length = SUMMED_SIZES[size]
-    hlo = jax.jit(_summed_fn(VALUES[name][0])).lower(*_summed_args(b, length)).compile().as_text()
-    entry = hlo[hlo.index("ENTRY"):]
-    hits = re.findall(rf"%copy_bitcast_fusion\S* = f32\[{F},{b * length}\]\S* fusion\(([^)]*)\)", entry)
-    assert len(hits) == 1, entry
-    operands = [o.strip().lstrip("%") for o in hits[0].split(",")]
+    hlo = jax.jit(_fn(VALUES[name][0], summed=True)).lower(*_summed_args(b, length)).compile().as_text()
+    operands = _copy_operands(hlo, b * length)
     reads = VALUES[name][1] or (size == "ynn-reduction" and name != "scaled-dot")
     if reads:
         assert len(operands) == 1 and not operands[0].startswith("ynn_fusion"), operands
@@ -333,9 +323,9 @@ def test_predicted_memory_matches_xla_with_a_ynn_reduction_reader(name):
     was 1.166-1.2 of XLA's figure for the three values whose copy the first table recomputes and
     XLA may not duplicate."""
     args = _summed_args(*SUMMED_SIZES["ynn-reduction"])
-    m = jax.jit(_summed_fn(VALUES[name][0]), keep_unused=True).lower(*args).compile().memory_analysis()
+    m = jax.jit(_fn(VALUES[name][0], summed=True), keep_unused=True).lower(*args).compile().memory_analysis()
     xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    got = predict(trace(_summed_fn(VALUES[name][0]), *args), "data:1", "", hardware=CPU).memory_bytes
+    got = predict(trace(_fn(VALUES[name][0], summed=True), *args), "data:1", "", hardware=CPU).memory_bytes
     assert 0 <= xla - got <= 24
 
 
@@ -343,7 +333,7 @@ def test_search_holds_the_ynn_switched_copy_as_predict_does():
     """The search's live sets give predict's peak for the summed biased select on every storage
     variant of layouts whose v is above and below 4096 elements a device, and the switched copy
     takes bytes under some and not others."""
-    g = trace(_summed_fn(VALUES["select-of-biased-dot"][0]), *_summed_args(2, L))  # v: 16384 elements
+    g = trace(_fn(VALUES["select-of-biased-dot"][0], summed=True), *_summed_args(2, L))  # v: 16384 elements
     v = g.op("out/1").inputs[0]
     _, length, f = g.tensor(v).dim_names
     seen, _ = search_peaks(g, MeshShape.parse("x:8"), CPU,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Callable, Mapping
 
 from autolayout.costmodel.broadcasts import ynn_reduction
 from autolayout.costmodel.dotcopy import accepted_orders, canonical_dims
@@ -154,6 +154,12 @@ class CopySwitch:
     reads_unsplit: bool
     reduced: bool
 
+    @property
+    def layout_decides(self) -> bool:
+        """Whether some layout reads the value and another recomputes it (else ``reads_unsplit``
+        holds under every layout)."""
+        return bool(self.switches) or (self.reduced and not self.reads_unsplit)
+
 
 def copy_switch(graph: Graph, op: str, k: int) -> CopySwitch:
     """The :class:`CopySwitch` of the copy contraction ``op`` makes of its operand ``k``."""
@@ -178,29 +184,29 @@ def switched_on(switch: CopySwitch, split, local_elements: int, ynn: bool) -> bo
 
 
 @lru_cache(maxsize=256)
-def _collapsed(graph: Graph) -> dict[str, frozenset[str]]:
+def _collapsed(graph: Graph) -> dict[str, dict[str, tuple[tuple[str, ...], ...]]]:
     """Per contraction whose result :func:`~autolayout.costmodel.reshapes.hlo_groups` collapses,
-    the tensors whose groups change where the layout splits it (it among them)."""
+    the tensors whose groups change where the layout splits it (it among them), with those groups."""
     base = hlo_groups(graph)
     out = {}
     for op in graph.ops():
         if op.kind == "einsum" and len(op.inputs) == 2 and any(len(g) > 1 for g in base.get(op.name, ())):
-            alone = hlo_groups(graph, frozenset([op.name]))
-            out[op.name] = frozenset(t for t, g in alone.items() if g != base[t])
+            alone = hlo_groups.__wrapped__(graph, frozenset([op.name]))  # kept here, not in hlo_groups' cache
+            out[op.name] = {t: g for t, g in alone.items() if g != base[t]}
     return out
 
 
 @lru_cache(maxsize=4096)
 def _switch_of(graph: Graph, t: str) -> CopySwitch:
     """The :class:`CopySwitch` of element-wise value ``t``."""
-    full = {d.name: d.size for op in graph.ops() for d in op.dims}
+    full = graph.dims
     own = tuple(d.name for d in graph.tensor(t).shape if full[d.name] > 1)
     loop = graph.op(t).loop
     readers = [c for c in readers_of(graph)[t] if graph.op(c).loop == loop]
     reads = [_read(graph.op(c), t, 0, own, full) for c in readers]
     reads_unsplit = _copy_reads_value(graph, t, own, reads, full, hlo_groups(graph))
     switches = frozenset(c for c, changed in _collapsed(graph).items() if t in changed and _copy_reads_value(
-        graph, t, own, reads, full, hlo_groups(graph, frozenset([c]))) != reads_unsplit)
+        graph, t, own, reads, full, changed) != reads_unsplit)
     reduced = not duplicable(graph.op(t)) and any(reduction(graph.op(c)) for c in readers)
     return CopySwitch(t, switches, reads_unsplit, reduced)
 
@@ -242,9 +248,8 @@ def _copy_groups(graph: Graph) -> tuple[frozenset, dict[str | None, tuple[tuple[
         # the copies read t, written once: each is a fusion of its own after t's producer
         # (:func:`_copy_reads_value`); else each recomputes t, from t's producer on. Where the
         # layout decides which (_switch_of), t's producer's position is switched_copies'
-        elementwise = producer.kind == "elementwise"
-        sw = _switch_of(graph, t) if elementwise else None
-        switches = sw is not None and (sw.switches or (sw.reduced and not sw.reads_unsplit))
+        sw = _switch_of(graph, t) if producer.kind == "elementwise" else None
+        switches = sw is not None and sw.layout_decides
         start = born + 1 if sw is not None and (sw.reads_unsplit or switches) else born
         at_born = switched.setdefault(loop, []) if switches else spans
         if src in gone and gone[src] == born - 1 and copying and (start == born or switches):
@@ -353,16 +358,16 @@ def _dot_operand_groups(op, k: int, full: Mapping[str, int]) -> set[tuple[tuple[
     return found
 
 
-def live_switched_copies(graph: Graph, split: frozenset[str], local_elements: Mapping[str, int],
+def live_switched_copies(graph: Graph, split: frozenset[str], local_elements: Callable[[str], int],
                          ynn: bool) -> frozenset[tuple[str, int]]:
     """The ``(op, operand index)`` of the :func:`switched_copies` live at their values' producers
     under a layout that splits the contractions ``split`` and gives each value
-    ``local_elements[value]`` on a device (:func:`switched_on`), for ``copy_span_bytes``."""
+    ``local_elements(value)`` on a device (:func:`switched_on`), for ``copy_span_bytes``."""
     out = set()
     for spans in switched_copies(graph).values():
         for n, k, _, _ in spans:
             sw = copy_switch(graph, n, k)
-            if switched_on(sw, split, local_elements[sw.value], ynn):
+            if switched_on(sw, split, local_elements(sw.value), ynn):
                 out.add((n, k))
     return frozenset(out)
 
@@ -372,9 +377,10 @@ def copy_span_bytes(graph: Graph, copies: Mapping[str, tuple[int, ...]],
     """:func:`copy_spans` with the bytes of each copy (``copies[op][k]``), as ``(start, stop, bytes)``,
     and those of :func:`switched_copies` that ``switched`` holds (:func:`live_switched_copies`)."""
     out: dict[str | None, list] = {}
+    always = copy_spans(graph)
     on = {loop: tuple(s for s in spans if (s[0], s[1]) in switched) for loop, spans in switched_copies(graph).items()}
-    for loop in dict.fromkeys([*copy_spans(graph), *on]):
-        for n, k, start, stop in copy_spans(graph).get(loop, ()) + on.get(loop, ()):
+    for loop in dict.fromkeys([*always, *on]):
+        for n, k, start, stop in always.get(loop, ()) + on.get(loop, ()):
             b = copies.get(n, ())
             if len(b) > k and b[k]:
                 out.setdefault(loop, []).append((start, stop, b[k]))

@@ -18,7 +18,7 @@ from autolayout.costmodel.phases import phased_reductions
 from autolayout.costmodel.order import memory_order
 from autolayout.costmodel.gradients import COMBINED, gradient_reduction
 from autolayout.costmodel.combine import combined_all_reduces
-from autolayout.costmodel.copies import copy_transient_bytes, live_switched_copies, splits_contraction, switched_copies
+from autolayout.costmodel.copies import copy_transient_bytes, live_switched_copies, splits_contraction
 from autolayout.costmodel.donations import copied_parameters
 from autolayout.costmodel.overlap import forward_ops, overlappable, split, step_time
 from autolayout.costmodel.plan import SOURCES, Plan, plan, resolve_layout
@@ -218,9 +218,7 @@ def price_plan(p: Plan, hardware: Any = DEFAULT_HARDWARE) -> Cost:
                                      switched=live_switched_copies(
                                          walk, frozenset(op.name for op in graph.ops()
                                                          if splits_contraction(op, p.ops[op.name].axes)),
-                                         {t: p.placements[t].local_elements(graph.dims, mesh)
-                                          for t in {walk.op(n).inputs[k] for spans in switched_copies(walk).values()
-                                                    for n, k, _, _ in spans}}, hw.ynn_reductions))
+                                         lambda t: p.placements[t].local_elements(graph.dims, mesh), hw.ynn_reductions))
     per_op = pd.DataFrame(rows, columns=["op", "kind", "fn", "loop", "count", "local_shape", "flops",
                                          "bytes", "compute_s", "collectives", "comm_s", "total_s"])
     time_s = step_time(linear, terms)

@@ -15,7 +15,7 @@ from autolayout.graph import Graph
 __all__ = ["hlo_groups"]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def hlo_groups(graph: Graph, split: frozenset[str] = frozenset()) -> dict[str, tuple[tuple[str, ...], ...]]:
     """For every tensor, its dims (of size > 1) grouped as the array XLA computes it in, where the
     layout splits a dim that each contraction of ``split`` contracts.

@@ -139,7 +139,13 @@ def is_copy(name: str) -> bool:
 
 def copy_operand(name: str) -> int:
     """The operand index of a :func:`copy` name."""
-    return int(name[len(_COPY):].split(":", 1)[0])
+    return _op_operand(_COPY, name)[1]
+
+
+def _op_operand(prefix: str, name: str) -> tuple[str, int]:
+    """``(op, operand index)`` of a :func:`copy` or :func:`switched_copy` name (``prefix``: its kind's)."""
+    k, op = name[len(prefix):].split(":", 1)
+    return op, int(k)
 
 
 def gathered(op: str, tensor: str) -> str:
@@ -254,10 +260,10 @@ class SpanKind:
 SPAN_KINDS: tuple[SpanKind, ...] = (
     # a dot operand copy, live from the operand's producer to its dot
     SpanKind(lambda g, early: copy_spans(g), lambda op, k: (op, k), copy,
-             lambda n: (op_of(n), copy_operand(n)), lambda t, op, k: t.copy_bytes(t.graph.op(op), k), _COPY),
+             lambda n: _op_operand(_COPY, n), lambda t, op, k: t.copy_bytes(t.graph.op(op), k), _COPY),
     # that copy at its value's producer, where the layout's split contractions decide it is there
     SpanKind(lambda g, early: switched_copies(g), lambda op, k: (op, k), switched_copy,
-             lambda n: tuple(_switched_parts(n)), lambda t, op, k: t.switched_copy_bytes(t.graph.op(op), k),
+             lambda n: _op_operand(_SWITCHED, n), lambda t, op, k: t.switched_copy_bytes(t.graph.op(op), k),
              _SWITCHED),
     # a conversion later readers share, live from where it runs to the last of them
     SpanKind(shared_spans, lambda op, tensor: (op, tensor), gathered, lambda n: (op_of(n), gathered_tensor(n)),
@@ -279,12 +285,6 @@ SPAN_KINDS: tuple[SpanKind, ...] = (
     SpanKind(lambda g, early: recomputed_spans(g), lambda source, value: (source, value), recomputed,
              lambda n: recomputed_of(n), lambda t, source, value: t.recomputed_bytes(source, value), _RECOMPUTED),
 )
-
-
-def _switched_parts(name: str) -> tuple[str, int]:
-    """``(op, k)`` of a :func:`switched_copy` name."""
-    k, op = name[len(_SWITCHED):].split(":", 1)
-    return op, int(k)
 
 
 def span_kind(name: str) -> SpanKind | None:
@@ -339,7 +339,7 @@ def op_of(name: str) -> str:
     """The op of a :func:`transient`, :func:`held`, :func:`partial`, :func:`result`,
     :func:`relayout`, :func:`copy` or :func:`gathered` name."""
     if is_copy(name):
-        return name[len(_COPY):].split(":", 1)[1]
+        return _op_operand(_COPY, name)[0]
     if is_gathered(name):
         return name[len(_GATHERED):].split("\x00", 1)[0]
     for prefix in (_HELD, _PARTIAL, _RESULT, _TRANSIENT, _RELAYOUT):

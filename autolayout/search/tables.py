@@ -337,18 +337,19 @@ class Tables:
         hit = self._switched.get((op.name, k))
         if hit is None:
             sw = copy_switch(self.graph, op.name, k)
-            contractions = [self.graph.op(c) for c in sorted(sw.switches)]
+            contractions = [(c, tuple(zip(c.dims, self.views.compute(c))))  # (op, its (dim, search dim)s)
+                            for c in (self.graph.op(n) for n in sorted(sw.switches))]
             value = self.graph.tensor(sw.value)
             own, copy = self.copy_bytes(op, k)
             vdims, elements = self.tensor_dims(value), self._local_elements(value)
             dims = self.space.order(tuple(dict.fromkeys(
-                [*own, *vdims, *(d for c in contractions for d in self.views.compute(c))])))
+                [*own, *vdims, *(v for _, pairs in contractions for _, v in pairs)])))
             g = self.group(dims)
             rows = []
             for i in range(len(g.assignments)):
                 axes = g.axes_of(i)
-                split = [c.name for c in contractions if splits_contraction(
-                    c, {d.name: axes.get(v, ()) for d, v in zip(c.dims, self.views.compute(c))})]
+                split = [c.name for c, pairs in contractions
+                         if splits_contraction(c, {d.name: axes.get(v, ()) for d, v in pairs})]
                 on = switched_on(sw, split, int(elements[self.restrict(axes, vdims)]), self.hw.ynn_reductions)
                 rows.append(copy[self.restrict(axes, own)] if on else 0)
             hit = self._switched[(op.name, k)] = (dims, np.array(rows, dtype=np.int64))
