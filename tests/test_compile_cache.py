@@ -67,8 +67,10 @@ def test_the_demos_runs_of_an_fsdp_step_match_jax_jit(tmp_path):
 # ``rendezvous.h:314 Check failed: id < num_threads``; threads reported stuck at an all-gather's
 # rendezvous (``rendezvous.cc``), then glibc's ``malloc assertion failure`` or the stuck-thread
 # termination. About one clean-clone CI run in five; a crash, never a result that could pass
-# for a right one.
+# for a right one. Once, in a full pytest run beside other jobs (session 29), the process died
+# by SIGSEGV instead; a segfault is accepted too, but only with the same rendezvous in its log.
 _CACHE_ABORT = "rendezvous"
+_CRASH_SIGNALS = (-6, -11)  # SIGABRT, SIGSEGV
 
 
 def _cached_runs(tmp_path: Path, attempt: int) -> tuple[list[dict], int, str]:
@@ -105,8 +107,8 @@ def test_a_wrong_run_from_the_cache_is_reported_not_hidden(tmp_path):
     infinity where ``jax.jit`` has none) or reports the max |error| that this test computes
     itself against its own ``jax.jit`` reference.
 
-    A loaded program may also crash the process (an abort in XLA:CPU's rendezvous, ``_CACHE_ABORT``):
-    only that abort is accepted, the runs printed before it are checked all the same, and the
+    A loaded program may also crash the process (an abort or segfault in XLA:CPU's rendezvous,
+    ``_CACHE_ABORT``): only that crash is accepted, the runs printed before it are checked all the same, and the
     process is started again (a fresh cache) until at least two runs were checked."""
     rows: list[dict] = []
     for attempt in range(4):
@@ -114,7 +116,7 @@ def test_a_wrong_run_from_the_cache_is_reported_not_hidden(tmp_path):
         rows += got
         if rc != 0:
             said = [line for line in err.splitlines() if _CACHE_ABORT in line or "Fatal" in line or "Check failed" in line]
-            assert rc == -6 and _CACHE_ABORT in err, (rc, said[:5] or err[-3000:])
+            assert rc in _CRASH_SIGNALS and _CACHE_ABORT in err, (rc, said[:5] or err[-3000:])
         if len(rows) >= 2:
             break
     assert len(rows) >= 2, rows

@@ -63,7 +63,10 @@ def output_placement(temps: Sequence[int], free_outputs: Sequence[int], *, lasts
     measured against the 803 stored rows of ``benchmarks/memory_vs_xla.py --predict`` (session 20):
     761 within 10% against 769 point by point (the MLP's replicated step 1.047 -> 1.142 of
     ``memory_analysis()``): the model's buffers are not XLA's (a contraction's result is one buffer
-    in its phase and another after it), so the placement stays point by point.
+    in its phase and another after it), so the placement stays point by point. Measured again on
+    1069 rows (session 30, XLA's buffer order and interference over every buffer of the model's
+    points, DESIGN §11): 1023 within 10% against 1030 (340 of the 486 rows it moves closer), the
+    misses over XLA's figure where XLA writes element-wise chains over a dot's buffer in place.
 
     ``lasts[k]``: the unit temporary ``k`` is last read at (-1: a buffer dead after the point, a
     running op's); ``written[a]``: the unit allocation ``a``'s output is written at. A temporary
