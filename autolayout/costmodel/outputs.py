@@ -65,8 +65,9 @@ def output_placement(temps: Sequence[int], free_outputs: Sequence[int], *, lasts
     ``memory_analysis()``): the model's buffers are not XLA's (a contraction's result is one buffer
     in its phase and another after it), so the placement stays point by point. Measured again on
     1069 rows (session 30, XLA's buffer order and interference over every buffer of the model's
-    points, DESIGN §11): 1023 within 10% against 1030 (340 of the 486 rows it moves closer), the
-    misses over XLA's figure where XLA writes element-wise chains over a dot's buffer in place.
+    points, DESIGN §11): 1024 within 10% against 1030 (334 of the 478 rows it moves closer), the
+    misses over XLA's figure where the model's buffers are not XLA's (a split contraction's three,
+    element-wise chains XLA writes over a dot's buffer in place).
 
     ``lasts[k]``: the unit temporary ``k`` is last read at (-1: a buffer dead after the point, a
     running op's); ``written[a]``: the unit allocation ``a``'s output is written at. A temporary
