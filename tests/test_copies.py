@@ -72,17 +72,22 @@ def _copy_operands(hlo: str, rows: int = B * L) -> list[str]:
     return [o.strip().lstrip("%") for o in hits[0].split(",")]
 
 
+def _assert_copy_reads(operands: list[str], reads_value: bool) -> None:
+    """The transposing copy's operands in the HLO: one fusion, not a dot's (XLA wrote v once and the
+    copy reads it), or a dot's fusion among them (the copy recomputes v from its contractions)."""
+    if reads_value:
+        assert len(operands) == 1 and not operands[0].startswith("ynn_fusion"), operands
+    else:
+        assert any(o.startswith("ynn_fusion") for o in operands), operands
+
+
 @pytest.mark.parametrize("name", list(VALUES), ids=list(VALUES))
 def test_xla_cpu_copy_reads_the_value_only_where_a_dot_reads_it_unfused(name):
     """The HLO: the copy reads one fusion (v, written once) or the contractions and arguments v is
     computed from (recomputed in the copy)."""
     value, reads_value = VALUES[name]
     compiled = jax.jit(_fn(value)).lower(*_args()).compile()
-    operands = _copy_operands(compiled.as_text())
-    if reads_value:
-        assert len(operands) == 1 and not operands[0].startswith("ynn_fusion"), operands
-    else:
-        assert any(o.startswith("ynn_fusion") for o in operands), operands
+    _assert_copy_reads(_copy_operands(compiled.as_text()), reads_value)
 
 
 @pytest.mark.parametrize("name", list(VALUES), ids=list(VALUES))
@@ -308,12 +313,8 @@ def test_xla_cpu_copy_reads_a_value_a_ynn_reduction_reads(name, size):
     (the first table, where the dot reading v through a bitcast is what decides)."""
     b, length = SUMMED_SIZES[size]
     hlo = jax.jit(_fn(VALUES[name][0], summed=True)).lower(*_summed_args(b, length)).compile().as_text()
-    operands = _copy_operands(hlo, b * length)
-    reads = VALUES[name][1] or (size == "ynn-reduction" and name != "scaled-dot")
-    if reads:
-        assert len(operands) == 1 and not operands[0].startswith("ynn_fusion"), operands
-    else:
-        assert any(o.startswith("ynn_fusion") for o in operands), operands
+    _assert_copy_reads(_copy_operands(hlo, b * length),
+                       VALUES[name][1] or (size == "ynn-reduction" and name != "scaled-dot"))
 
 
 @pytest.mark.parametrize("name", list(VALUES), ids=list(VALUES))
