@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from autolayout import models
 from autolayout.core import Dim, Layout, LayoutError, Mesh, Shape
-from autolayout.costmodel import Cost, Hardware, Link, get_hardware, known_hardware, predict
+from autolayout.costmodel import Cost, Hardware, Link, compact_layout, get_hardware, known_hardware, predict
 from autolayout.costmodel.profiles import DEFAULT_HARDWARE
 from autolayout.exec import Execution, calibrate, execute
 from autolayout.graph import Graph, Op, ParamRole, Tensor
@@ -68,6 +68,7 @@ __all__ = [
     "Verified",
     "best_layouts",
     "calibrate",
+    "compact_layout",
     "execute",
     "get_hardware",
     "init_opt_state",

@@ -196,6 +196,7 @@ def _run_predict(args: argparse.Namespace) -> int:
 
 
 def _run_search(args: argparse.Namespace) -> int:
+    from autolayout.costmodel.plan import compact_layout
     from autolayout.exec.verify import search
     from autolayout.reporting.fmt import fmt_bytes, fmt_time, text_table
 
@@ -231,8 +232,9 @@ def _run_search(args: argparse.Namespace) -> int:
     limit_text = (f"{fmt_bytes(limit)} (--memory-limit)" if args.memory_limit is not None
                   else f"{fmt_bytes(limit)} (HBM of {args.hardware.name})")
     what = (f"measured fastest of the {len(r.verified)} best predicted layouts" if r.verified else "best layout")
+    short = compact_layout(g, r.mesh, r.layout)  # '*' for the storage entry most parameters share
     lines = [f"{g.name}: {what} on mesh {r.mesh} ({label})", "",
-             f"  {str(r.layout) or '(replicated)'}", "",
+             f"  {str(short) or '(replicated)'}", "",
              text_table([("status", r.status + ("" if r.status == "OPTIMAL" else " (fits; not proven fastest)")),
                          ("step time", fmt_time(c.time_s)),
                          ("  compute", fmt_time(c.compute_s)), ("  communication", fmt_time(c.comm_s)),
@@ -262,7 +264,7 @@ def _run_search(args: argparse.Namespace) -> int:
                   "", f"  winner: #{win + 1} (the measured fastest; * above)"]
     if r.notes:
         lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
-    data = {"layout": str(r.layout), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
+    data = {"layout": str(r.layout), "compact_layout": str(short), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
             "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
             "num_constraints": r.num_constraints, "memory_limit_bytes": limit, "hardware": args.hardware.name,
             "cost": _cost_dict(c), "notes": list(r.notes),

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from autolayout import models
-from autolayout.costmodel import predict
+from autolayout.costmodel import compact_layout, predict
 from autolayout.costmodel.profiles import SLOW_LINKS, get_hardware
 from autolayout.reporting.published_runs import RUNS
 from autolayout.search import SearchError, search
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
                 print(f"   search ({row['search_s']:.0f} s): {why}: {e}", flush=True)
             else:
                 c = r.cost
-                row.update(search=str(r.layout), search_mfu=c.mfu, search_time=c.time_s,
+                row.update(search=str(compact_layout(g, mesh, r.layout)), search_mfu=c.mfu, search_time=c.time_s,
                            search_mem=c.memory_bytes, status=r.status, search_s=time.perf_counter() - t0)
                 print(f"   searched ({r.status}, {row['search_s']:.0f} s) {r.layout}: {c.time_s:.3f} s/step, "
                       f"MFU {c.mfu:.1%}, {c.memory_bytes / GIB:.1f} GiB", flush=True)
@@ -281,7 +281,9 @@ def write(rows) -> None:
         "`autolayout/reporting/published_runs.py`). MFU = model flops without recompute / "
         "(predicted step time × devices × peak). *Published layout* is the publication's own "
         "parallelism in autolayout's syntax; *searched* is the layout the search finds under the "
-        "device memory. Δ = predicted − published MFU, in points.",
+        "device memory (`*` for the storage entry most parameters share where every parameter is then "
+        "stored as the search's layout stores it: `autolayout.compact_layout`). Δ = predicted − published "
+        "MFU, in points.",
         "",
         "| run | mesh | published MFU | published layout | predicted MFU | Δ | searched layout | "
         "predicted MFU | memory GiB | search |",

@@ -114,6 +114,24 @@ def test_search_json(capsys):
     assert data["num_variables"] > 0
 
 
+LLAMA_7B = ["llama", "--d-model", "4096", "--heads", "32", "--kv-heads", "32", "--d-kv", "128", "--d-ff", "11008",
+            "--n-layers", "32", "--vocab", "32000", "--batch", "512", "--length", "2048", "--compute-dtype", "bfloat16",
+            "--mesh", "data:16,model:16", "--hardware", "tpu-v4"]
+
+
+def test_search_prints_the_layout_with_a_star_entry(capsys):
+    """A LLaMA-2 7B on 256 v4 chips is stored FSDP-sharded: the printed layout writes the entry
+    most parameters share once (``compact_layout``), and it predicts as the one the search found."""
+    data = run_json(["search", *LLAMA_7B], capsys)
+    long, short = data["layout"], data["compact_layout"]
+    assert "|*:" in short and "|*:" not in long and len(short) < len(long) / 2
+    code, out, _ = run(["search", *LLAMA_7B], capsys)
+    assert code == 0 and f"\n  {short}\n" in out
+    named, starred = (run_json(["predict", *LLAMA_7B, "--layout", lay], capsys) for lay in (long, short))
+    for key in ("time_s", "memory_bytes", "comm_bytes", "flops"):
+        assert named[key] == starred[key] == data["cost"][key], key
+
+
 def test_search_over_mesh_shapes(capsys):
     data = run_json(["search", *MLP, "--num-devices", "8", "--no-weight-update-sharding"], capsys)
     assert {m["mesh"] for m in data["meshes"]} == {"all:8", "rows:4,cols:2", "rows:2,cols:2,planes:2"}

@@ -41,6 +41,7 @@ Compute is a per-device roofline on the local sizes (``rules.price``).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,7 @@ from autolayout.costmodel.storage import (REDUCING, StorageShard, grad_of, gradi
 from autolayout.graph import Graph, Op
 from autolayout.schedule import identity_groups
 
-__all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "resolve_layout", "check_op", "grad_of",
+__all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "compact_layout", "resolve_layout", "check_op", "grad_of",
            "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]
 
 
@@ -499,6 +500,18 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
     Raises:
         LayoutError: the layout is not valid for the graph on the mesh.
     """
+    graph, mesh, layout, axes_of, regs, shards, notes = _stored(graph, mesh, layout)
+    planner = Planner(graph, mesh, axes_of, shards, regs)
+    ops = {op.name: planner.op_plan(op) for op in graph.ops()}
+    placements = {name: planner.stored(name) for name in graph.order}
+    local = {op.name: (planner.local_bytes(op.name) if op.materialised else 0) for op in graph.ops()}
+    return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes), axes_of)
+
+
+def _stored(graph: Graph, mesh: Any, layout: Any) -> tuple:
+    """``(graph, mesh, layout, axes_of, regions, shards, notes)`` of :func:`plan`: the layout
+    validated, the graph its ``remat=`` policy rewrites, its regions, and each parameter's
+    :class:`~autolayout.costmodel.storage.StorageShard` with the notes on ``*`` entries."""
     mesh, layout, axes_of = resolve_layout(graph, mesh, layout)
     if layout.remat and layout.remat != "none":
         from autolayout.remat import rematerialize
@@ -511,8 +524,46 @@ def plan(graph: Graph, mesh: Any, layout: Any = None) -> Plan:
             f"but graph {graph.name!r} has no region with that dim (region dims: {sorted(regs.dims) or 'none'}: "
             "the dims of its scans' carries). Drop the rule.")
     shards, notes = storage_shards(graph, mesh, layout, axes_of, regs)
-    planner = Planner(graph, mesh, axes_of, shards, regs)
-    ops = {op.name: planner.op_plan(op) for op in graph.ops()}
-    placements = {name: planner.stored(name) for name in graph.order}
-    local = {op.name: (planner.local_bytes(op.name) if op.materialised else 0) for op in graph.ops()}
-    return Plan(graph, mesh, layout, placements, ops, planner.shards, local, tuple(notes), axes_of)
+    return graph, mesh, layout, axes_of, regs, shards, notes
+
+
+def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
+    """``layout`` written shorter: the storage entry most parameters share, once, as ``*``.
+
+    A searched layout names each parameter's storage (``layers/w1:data@3;layers/w2:data@3;...``);
+    ``*`` stands for every parameter not named otherwise (README, storage sharding), so the
+    entry most of them share can be written once and the others after it. That is checked, not
+    assumed: ``*`` also covers the parameters the layout leaves unsharded and takes only the axes
+    each parameter allows, so the shorter layout is returned only where every parameter's
+    :class:`~autolayout.costmodel.storage.StorageShard` (what :func:`plan`, the search and the
+    lowering use) is the layout's own; else the next most shared entry is tried, and where none
+    qualifies the layout comes back as it is.
+
+    Args:
+        graph: a traced graph.
+        mesh: anything :class:`~autolayout.core.Mesh` accepts.
+        layout: anything :class:`~autolayout.core.Layout` accepts.
+
+    Returns:
+        A :class:`~autolayout.core.Layout` that plans exactly as ``layout`` does, its string no
+        longer than ``layout``'s.
+
+    Raises:
+        LayoutError: ``layout`` is not valid for the graph on the mesh.
+
+    Example:
+        >>> compact_layout(g, "data:8", "batch:data|w1:data@3;w2:data@3;b1:data")  # doctest: +SKIP
+        Layout('batch:data|*:data@3;b1:data')
+    """
+    *_, layout, _, _, shards, _ = _stored(graph, mesh, layout)
+    entries = layout.storage
+    if any(key == "*" for key, _, _ in entries):
+        return layout
+    for (axes, stage), n in Counter((axes, stage) for _, axes, stage in entries).most_common():  # ties: first named
+        if n < 2:  # one parameter's entry is clearer under its own name
+            break
+        short = Layout(layout.rules, [("*", axes, stage)] + [e for e in entries if (e[1], e[2]) != (axes, stage)],
+                       remat=layout.remat)
+        if _stored(graph, mesh, short)[5] == shards:
+            return short
+    return layout
