@@ -51,6 +51,7 @@ REGIONS = ("norm",)
 REMAT = ("none", "full", "dots")
 # stage spellings people use (ZeRO, Rajbhandari et al. 2020; FSDP is ZeRO-3)
 _STAGE_NAMES = {"1": 1, "2": 2, "3": 3, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+WHOLE = "-"  # a storage entry's axes for a parameter stored whole ('final_norm:-', stage 0 in Layout.storage)
 
 
 @dataclass(frozen=True, init=False)
@@ -108,7 +109,8 @@ class Layout:
     that parameter allows): ``"batch:data,fsdp;heads:tensor|*:fsdp@3"`` is MaxText's
     FSDP over ``fsdp``. An axis of a ``*`` entry that no parameter allows (it splits no
     dim a gradient is summed over) is an error, as it is for a named parameter: the
-    entry would change nothing.
+    entry would change nothing. ``param:-`` stores a parameter whole, which a ``*`` entry
+    would otherwise cover: ``"...|*:fsdp@3;final_norm:-"``.
 
     **Regions** (sequence parallelism, Korthikanti et al. 2022, "Reducing Activation
     Recomputation in Large Transformer Models"): a rule ``dim@norm:axes`` splits ``dim``
@@ -311,7 +313,8 @@ class Layout:
     # -- printing -------------------------------------------------------------------
     def __str__(self) -> str:
         text = _format_rules(self.rules)
-        entries = [f"{key}:{','.join(axes)}" + (f"@{stage}" if stage != 1 else "") for key, axes, stage in self.storage]
+        entries = [f"{key}:{','.join(axes) or WHOLE}" + (f"@{stage}" if stage > 1 else "")
+                   for key, axes, stage in self.storage]
         if self.remat:
             entries.append(f"remat={self.remat}")
         if entries:
@@ -426,7 +429,7 @@ def _normalise_storage(spec: Any) -> Storage:
             if not sep or not axes:
                 raise LayoutError(
                     f"cannot read storage entry {part!r}: expected 'parameter:axis[@stage]' separated by "
-                    "';' after the '|', e.g. 'batch:rows|w:rows' or 'batch:rows|*:rows@3'")
+                    "';' after the '|', e.g. 'batch:rows|w:rows' or 'batch:rows|*:rows@3' ('w:-': stored whole)")
             items.append((key, axes, stage if at else None))
     else:
         raw = list(spec.items()) if isinstance(spec, Mapping) else list(spec) if isinstance(spec, Iterable) else None
@@ -454,6 +457,15 @@ def _normalise_storage(spec: Any) -> Storage:
             raise LayoutError(
                 f"parameter {key!r} has two rules (storage entries); give each parameter one entry, "
                 f"listing several axes as '{key}:rows,cols'")
+        if isinstance(axes, str) and axes.strip() == WHOLE:  # stored whole, whatever a '*' entry says
+            if key == "*" or stage is not None:
+                raise LayoutError(
+                    f"storage entry '{key}:{WHOLE}" + (f"@{stage}'" if stage is not None else "'")
+                    + (": '*:-' would store every parameter not named otherwise whole, as no '*' entry does. "
+                       "Fix: drop the entry." if key == "*" else
+                       f": a parameter stored whole has no ZeRO stage. Fix: write '{key}:{WHOLE}'."))
+            out[key] = ((), 0)
+            continue
         st = 1 if stage is None else _STAGE_NAMES.get(str(stage).strip().lower())
         if st is None:
             raise LayoutError(f"storage entry for {key!r}: unknown stage {stage!r}; use 1, 2 or 3 (ZeRO stage; "

@@ -237,7 +237,8 @@ def test_layout_construction_errors(spec, match):
     ("batch:rows|w:rows@2", (("w", ("rows",), 2),)),
     ("batch:rows,cols|*:rows,cols@3", (("*", ("rows", "cols"), 3),)),
     ("batch:rows|*:rows@3;embed:rows", (("*", ("rows",), 3), ("embed", ("rows",), 1))),
-], ids=["stage1-default", "stage2", "fsdp-star", "star-and-override"])
+    ("batch:rows|*:rows@3;final_norm:-", (("*", ("rows",), 3), ("final_norm", (), 0))),
+], ids=["stage1-default", "stage2", "fsdp-star", "star-and-override", "star-and-whole"])
 def test_layout_storage_stages_round_trip(text, storage):
     layout = Layout.parse(text)
     assert layout.storage == storage
@@ -263,6 +264,9 @@ def test_layout_storage_of_and_aliases():
     assert Layout("batch:data").storage_of("w") == ((), 0)
     assert Layout({"batch": "data"}, {"w": (("data",), 2)}) == Layout("batch:data|w:data@2")
     assert str(Layout("b:x").with_storage("w", "x", 3).with_storage("v", "x")) == "b:x|w:x@3;v:x"
+    whole = Layout("batch:data|*:data@3;pos:-")  # stored whole: no entry's axes, whatever '*' says
+    assert whole.storage_of("pos") == ((), 0) and whole.storage_of("embed") == (("data",), 3)
+    assert Layout({"batch": "data"}, [("*", "data", 3), ("pos", "-")]) == whole == Layout("batch:data|*:data@3;pos: - ")
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -273,7 +277,11 @@ def test_layout_storage_of_and_aliases():
     ("batch:rows|w=rows", r"unknown layout option 'w'.*'remat=full\|dots\|none'"),
     ("batch:rows|remat=half", r"unknown remat policy 'half'"),
     ({"b=x": "rows"}, r"without whitespace or any of ':;,\|@='"),
-], ids=["bad-stage", "no-axes", "dup", "unknown-region", "unknown-option", "bad-remat", "equals-in-name"])
+    ("batch:rows|*:rows@3;w:-@3", r"storage entry 'w:-@3': a parameter stored whole has no ZeRO stage. Fix: "
+                                   r"write 'w:-'"),
+    ("batch:rows|*:-", r"storage entry '\*:-': .* as no '\*' entry does. Fix: drop the entry"),
+], ids=["bad-stage", "no-axes", "dup", "unknown-region", "unknown-option", "bad-remat", "equals-in-name",
+        "whole-with-stage", "star-whole"])
 def test_layout_storage_errors(spec, match):
     with pytest.raises(LayoutError, match=match):
         Layout(spec)

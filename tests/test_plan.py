@@ -41,6 +41,11 @@ CASES = [  # (graph, explicit layout, the shorter one written by hand)
     pytest.param(lambda: models.transformer_lm(**LM),
                  _lm_layout("batch:rows,cols", "rows,cols@3", {}) + ";remat=full",
                  "batch:rows,cols|*:rows,cols@3;remat=full", id="transformer-fsdp-every-param"),
+    pytest.param(lambda: models.mlp(64, 32, 128), "batch:rows,cols|w:rows,cols@3;v:rows,cols@3",
+                 "batch:rows,cols|*:rows,cols@3;bias:-", id="mlp-zero3-bias-whole"),
+    pytest.param(lambda: models.transformer_lm(**LM),
+                 _lm_layout("batch:rows,cols", "rows,cols@3", {"pos": "rows@2"}).replace(";ln_f_scale:rows,cols@3", ""),
+                 "batch:rows,cols|*:rows,cols@3;pos:rows@2;ln_f_scale:-", id="transformer-fsdp-one-norm-whole"),
 ]
 
 
@@ -52,24 +57,26 @@ def test_compact_layout_writes_the_most_shared_entry_once(make, explicit, expect
     _same_plan(g, explicit, short)
 
 
-@pytest.mark.parametrize("explicit", [
-    "batch:rows,cols|w:rows,cols@3;v:rows,cols@3",  # '*' would also store the bias sharded
-    "batch:rows,cols|w:rows,cols@3;v:rows@3;bias:cols",  # no entry shared by two parameters
-    "batch:rows,cols|*:rows,cols@3;bias:rows,cols",  # written with '*' already
-    "batch:rows,cols",  # nothing stored sharded
-], ids=["star-would-shard-the-bias", "nothing-shared", "has-a-star", "no-storage"])
-def test_compact_layout_keeps_a_layout_no_star_entry_shortens(explicit):
-    g = models.mlp(64, 32, 128)
-    assert compact_layout(g, MESH, explicit) == Layout(explicit)
+@pytest.mark.parametrize("make,explicit", [
+    (lambda: models.mlp(64, 32, 128), "batch:rows,cols|w:rows,cols@3;v:rows@3;bias:cols"),  # nothing shared
+    (lambda: models.mlp(64, 32, 128), "batch:rows,cols|*:rows,cols@3;bias:rows,cols"),  # written with '*' already
+    (lambda: models.mlp(64, 32, 128), "batch:rows,cols"),  # nothing stored sharded
+    # two of the transformer's 15 parameters: '*' and 13 entries 'p:-' would be longer
+    (lambda: models.transformer_lm(**LM), "batch:rows,cols|layers/w1:rows,cols@3;layers/w2:rows,cols@3"),
+], ids=["nothing-shared", "has-a-star", "no-storage", "star-would-be-longer"])
+def test_compact_layout_keeps_a_layout_no_star_entry_shortens(make, explicit):
+    assert compact_layout(make(), MESH, explicit) == Layout(explicit)
 
 
-def test_a_star_entry_would_change_the_plan_where_compact_layout_declines():
-    """The check is needed: written with ``*``, the first layout above also stores the bias
-    sharded, 4 bytes * 128 * 7/8 less of it per device."""
+def test_a_star_entry_without_whole_entries_would_change_the_plan():
+    """``bias:-`` is needed: written with ``*`` alone, the mlp's ZeRO-3 layout above also stores
+    the bias sharded, 4 bytes * 128 * 7/8 less of it per device."""
     g = models.mlp(64, 32, 128)
     named = predict(g, MESH, "batch:rows,cols|w:rows,cols@3;v:rows,cols@3")
     star = predict(g, MESH, "batch:rows,cols|*:rows,cols@3")
     assert named.memory["params"] - star.memory["params"] == 4 * 128 * 7 // 8
+    whole = predict(g, MESH, "batch:rows,cols|*:rows,cols@3;bias:-")
+    assert (whole.time_s, whole.memory_bytes) == (named.time_s, named.memory_bytes)
 
 
 def test_compact_layout_rejects_an_invalid_layout():

@@ -213,6 +213,9 @@ def test_short_layout():
     lay = Layout("batch:rows,cols|w:rows,cols;v:rows,cols;bias:rows")
     assert short_layout(lay, 200) == "batch:rows,cols | WUS: 2 params over rows,cols; 1 param over rows"
     assert short_layout("") == "(replicated)"
+    assert short_layout("batch:fsdp|*:fsdp@3", 200) == "batch:fsdp | ZeRO-3: all params over fsdp"
+    assert (short_layout("batch:fsdp|*:fsdp@3;final_norm:fsdp;pos:-;head:-", 200)
+            == "batch:fsdp | WUS: 1 param over fsdp | ZeRO-3: all others over fsdp | 2 params whole")
     assert len(short_layout("a:x;b:y;c:z;d:w", limit=10)) == 10
 
 

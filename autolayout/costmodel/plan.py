@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autolayout.core import Layout, LayoutError, Mesh
+from autolayout.core import WHOLE, Layout, LayoutError, Mesh
 from autolayout.costmodel.placement import (ALL_REDUCE, Conversion, Moves, Placement, Step, conversion,
                                             mesh_order, move_buffer_bytes, move_steps, moves, reduce_target,
                                             reduction)
@@ -532,12 +532,13 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
 
     A searched layout names each parameter's storage (``layers/w1:data@3;layers/w2:data@3;...``);
     ``*`` stands for every parameter not named otherwise (README, storage sharding), so the
-    entry most of them share can be written once and the others after it. That is checked, not
-    assumed: ``*`` also covers the parameters the layout leaves unsharded and takes only the axes
-    each parameter allows, so the shorter layout is returned only where every parameter's
+    entry most of them share can be written once and the others after it, with ``param:-``
+    for each parameter the layout leaves whole that the ``*`` entry would shard. That is
+    checked, not assumed (``*`` takes only the axes each parameter allows): the shorter layout
+    is returned only where every parameter's
     :class:`~autolayout.costmodel.storage.StorageShard` (what :func:`plan`, the search and the
     lowering use) is the layout's own; else the next most shared entry is tried, and where none
-    qualifies the layout comes back as it is.
+    gives a shorter layout the layout comes back as it is.
 
     Args:
         graph: a traced graph.
@@ -552,8 +553,8 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
         LayoutError: ``layout`` is not valid for the graph on the mesh.
 
     Example:
-        >>> compact_layout(g, "data:8", "batch:data|w1:data@3;w2:data@3;b1:data")  # doctest: +SKIP
-        Layout('batch:data|*:data@3;b1:data')
+        >>> compact_layout(g, "data:8", "batch:data|w1:data@3;w2:data@3")  # doctest: +SKIP
+        Layout('batch:data|*:data@3;b1:-')
     """
     *_, layout, _, _, shards, _ = _stored(graph, mesh, layout)
     entries = layout.storage
@@ -562,8 +563,10 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
     for (axes, stage), n in Counter((axes, stage) for _, axes, stage in entries).most_common():  # ties: first named
         if n < 2:  # one parameter's entry is clearer under its own name
             break
-        short = Layout(layout.rules, [("*", axes, stage)] + [e for e in entries if (e[1], e[2]) != (axes, stage)],
-                       remat=layout.remat)
-        if _stored(graph, mesh, short)[5] == shards:
+        kept = [e for e in entries if (e[1], e[2]) != (axes, stage)]
+        short = Layout(layout.rules, [("*", axes, stage)] + kept, remat=layout.remat)
+        whole = [p for p in _stored(graph, mesh, short)[5] if p not in shards]  # the '*' entry shards them
+        short = Layout(layout.rules, [("*", axes, stage)] + kept + [(p, WHOLE) for p in whole], remat=layout.remat)
+        if len(str(short)) < len(str(layout)) and _stored(graph, mesh, short)[5] == shards:
             return short
     return layout

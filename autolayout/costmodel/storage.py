@@ -165,15 +165,16 @@ class StorageShard:
 
 def storage_shards(graph: Graph, mesh: Mesh, layout: Layout, axes_of: Mapping[str, tuple[str, ...]],
                    regions: Regions | None = None) -> tuple[dict[str, StorageShard], list[str]]:
-    """The :class:`StorageShard` of each parameter the layout's storage entries cover, and
-    notes on parameters a ``*`` entry does not apply to (and why)."""
+    """The :class:`StorageShard` of each parameter the layout's storage entries cover (not those
+    an entry ``param:-`` keeps whole), and notes on parameters a ``*`` entry does not apply to
+    (and why)."""
     out: dict[str, StorageShard] = {}
     notes: list[str] = []
     named = {k for k, _, _ in layout.storage if k != "*"}
     star = next(((a, s) for k, a, s in layout.storage if k == "*"), None)
     params = [t.name for t in graph.params()]
-    for pname in [k for k, _, _ in layout.storage if k != "*"] + ([p for p in params if p not in named]
-                                                                    if star else []):
+    for pname in [k for k, a, _ in layout.storage if k != "*" and a] + ([p for p in params if p not in named]
+                                                                          if star else []):  # 'p:-': whole
         axes, stage = layout.storage_of(pname)
         explicit = pname in named
         shard = _shard(graph, mesh, layout, axes_of, pname, axes, stage, explicit, notes, regions)

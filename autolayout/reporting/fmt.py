@@ -46,17 +46,22 @@ def short_layout(layout: Any, limit: int = 60) -> str:
     lay = Layout.coerce(layout)
     text = str(Layout(lay.rules)) or "(replicated)"
     storage = getattr(lay, "storage", None) or tuple((p, axes, 1) for p, axes in lay.update_sharding)
+    named = any(p != "*" for p, _, _ in storage)  # then a '*' entry covers the others only
     by_stage: dict[int, dict[tuple[str, ...], list[str]]] = {}
     for param, axes, stage in storage:
-        by_stage.setdefault(stage, {}).setdefault(tuple(axes), []).append(param)
+        if axes:  # 'param:-' (stored whole) is summed up last
+            by_stage.setdefault(stage, {}).setdefault(tuple(axes), []).append(param)
     for stage in sorted(by_stage):
         parts = []
         for axes, params in by_stage[stage].items():
             n = sum(p != "*" for p in params)
-            who = ([f"{n} param{'s' * (n != 1)}"] if n else []) + (["all others" if n else "all params"]
+            who = ([f"{n} param{'s' * (n != 1)}"] if n else []) + (["all others" if named else "all params"]
                                                                    if "*" in params else [])
             parts.append(f"{' + '.join(who)} over {','.join(axes)}")
         text += f" | {STAGE_NAMES.get(stage, f'stage {stage}')}: " + "; ".join(parts)
+    whole = sum(not axes for _, axes, _ in storage)
+    if whole:
+        text += f" | {whole} param{'s' * (whole != 1)} whole"
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
