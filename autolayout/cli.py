@@ -264,8 +264,8 @@ def _run_search(args: argparse.Namespace) -> int:
                   "", f"  winner: #{win + 1} (the measured fastest; * above)"]
     if r.notes:
         lines += ["", "  notes:", *(f"  - {n}" for n in r.notes)]
-    data = {"layout": str(r.layout), "compact_layout": str(short), "mesh": str(r.mesh), "status": r.status, "objective_s": r.objective_s,
-            "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
+    data = {"layout": str(r.layout), "compact_layout": str(short), "mesh": str(r.mesh), "status": r.status,
+            "objective_s": r.objective_s, "bound_s": r.bound_s, "gap": r.gap, "solve_time_s": r.solve_time_s, "num_variables": r.num_variables,
             "num_constraints": r.num_constraints, "memory_limit_bytes": limit, "hardware": args.hardware.name,
             "cost": _cost_dict(c), "notes": list(r.notes),
             "meshes": [{"mesh": str(m), "time_s": t, "failure": failed.get(str(m))} for m, t in r.meshes],

@@ -58,8 +58,8 @@ from autolayout.costmodel.storage import (REDUCING, StorageShard, grad_of, gradi
 from autolayout.graph import Graph, Op
 from autolayout.schedule import identity_groups
 
-__all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "compact_layout", "resolve_layout", "check_op", "grad_of",
-           "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]
+__all__ = ["Plan", "OpPlan", "Planner", "LoweringError", "plan", "compact_layout", "resolve_layout", "check_op",
+           "grad_of", "opt_state_of", "gradient_walk", "unsplittable", "StorageShard", "REDUCING", "SOURCES"]
 
 
 class LoweringError(LayoutError):
@@ -556,7 +556,8 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
         >>> compact_layout(g, "data:8", "batch:data|w1:data@3;w2:data@3")  # doctest: +SKIP
         Layout('batch:data|*:data@3;b1:-')
     """
-    *_, layout, _, _, shards, _ = _stored(graph, mesh, layout)
+    layout = resolve_layout(graph, mesh, layout)[1]
+    shards = _shards(graph, mesh, layout)
     entries = layout.storage
     if any(key == "*" for key, _, _ in entries):
         return layout
@@ -565,8 +566,14 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
             break
         kept = [e for e in entries if (e[1], e[2]) != (axes, stage)]
         short = Layout(layout.rules, [("*", axes, stage)] + kept, remat=layout.remat)
-        whole = [p for p in _stored(graph, mesh, short)[5] if p not in shards]  # the '*' entry shards them
+        whole = [p for p in _shards(graph, mesh, short) if p not in shards]  # the '*' entry shards them
         short = Layout(layout.rules, [("*", axes, stage)] + kept + [(p, WHOLE) for p in whole], remat=layout.remat)
-        if len(str(short)) < len(str(layout)) and _stored(graph, mesh, short)[5] == shards:
+        if len(str(short)) < len(str(layout)) and _shards(graph, mesh, short) == shards:
             return short
     return layout
+
+
+def _shards(graph: Graph, mesh: Any, layout: Layout) -> dict[str, StorageShard]:
+    """Each parameter's :class:`~autolayout.costmodel.storage.StorageShard` under ``layout``, as
+    :func:`plan` finds them."""
+    return _stored(graph, mesh, layout)[5]
