@@ -556,8 +556,8 @@ def compact_layout(graph: Graph, mesh: Any, layout: Any) -> Layout:
         >>> compact_layout(g, "data:8", "batch:data|w1:data@3;w2:data@3")  # doctest: +SKIP
         Layout('batch:data|*:data@3;b1:-')
     """
-    layout = resolve_layout(graph, mesh, layout)[1]
-    shards = _shards(graph, mesh, layout)
+    layout = Layout.coerce(layout)
+    shards = _shards(graph, mesh, layout)  # validates it (resolve_layout)
     entries = layout.storage
     if any(key == "*" for key, _, _ in entries):
         return layout
