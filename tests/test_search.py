@@ -302,6 +302,24 @@ def test_memory_budget_gives_the_fastest_layout_that_fits(name, mesh, hw):
     assert r.cost.time_s >= free.cost.time_s
 
 
+def test_budget_below_any_sharded_storage_names_the_layout_compactly():
+    # with weight-update sharding the smallest layout shards every parameter's storage: the error
+    # writes the entry they share once, as '*' (compact_layout), and that layout is what it says
+    g, mesh = models.transformer_lm(d_model=256, d_ff=1024, heads=4, d_kv=64, vocab=1024, batch=8, length=64), \
+        "rows:2,cols:2"
+    params = [t.name for t in g.tensors() if t.role == "param"]
+    with pytest.raises(SearchError, match=r"below the smallest peak memory") as err:
+        search(g, mesh, memory_limit=1e5, remat="none")
+    stated = re.search(r"with layout '([^']*)'", str(err.value)).group(1)
+    storage = stated.split("|")[1]
+    assert storage.startswith("*:")
+    assert len(storage.split(";")) < len(params)  # shorter than one entry per parameter
+    assert str(err.value.layout) == stated
+    assert predict(g, mesh, stated).memory_bytes == err.value.memory_bytes
+    assert search(g, mesh, memory_limit=err.value.memory_bytes, remat="none").cost.memory_bytes \
+        <= err.value.memory_bytes
+
+
 def test_budget_between_data_parallel_and_minimum_forces_model_parallelism():
     g, mesh = graph("transformer"), "rows:2,cols:2"
     dp = predict(g, mesh, "batch:rows,cols")

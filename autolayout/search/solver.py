@@ -62,7 +62,7 @@ from ortools.sat.python import cp_model
 from autolayout.core import Layout, Mesh
 from autolayout.search.errors import Dominated, SearchError
 from autolayout.costmodel.bitcasts import is_rename
-from autolayout.costmodel.plan import SOURCES
+from autolayout.costmodel.plan import SOURCES, compact_layout
 from autolayout.graph import Graph
 from autolayout.search.liveness import floor_of, indices_of, live_peak_of, live_points, peak_of, total_at
 from autolayout.search.names import held, transient
@@ -490,14 +490,14 @@ def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: 
         raise Dominated(f"no layout {fits}takes at most {state['upper_s']:.6g} s per step")
     mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
     raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory",
-                      layout=layout_of(tables, point), memory_bytes=int(mem))
+                      layout=_shown(tables, point), memory_bytes=int(mem))
 
 
 def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Decoded, warm_fits: bool,
                 bound_s: float, memory_limit: float, peak, time_limit_s: float, solve_s: float,
                 notes: list[str]) -> Solved:
     """After a time-out without a fitting CP-SAT solution: the warm start if it fits, else an error."""
-    lay = str(layout_of(tables, warm)) or "(replicated)"
+    lay = str(_shown(tables, warm)) or "(replicated)"
     if not warm_fits:
         raise SearchError(
             f"time_limit_s={time_limit_s:.3g} s ran out before the search found a layout of graph "
@@ -560,9 +560,15 @@ def min_memory(tables: Tables, wus: list[WusParam], *, time_limit_s: float = 60.
     return best[0], best[1], proven
 
 
+def _shown(tables: Tables, point: Decoded) -> Layout:
+    """``point``'s layout as a message shows it: the storage entry most parameters share
+    written once as ``*`` (``costmodel.plan.compact_layout``; it plans exactly as the layout)."""
+    return compact_layout(tables.graph, tables.mesh, layout_of(tables, point))
+
+
 def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded,
                     proven: bool = True) -> str:
-    lay = str(layout_of(tables, point)) or "(replicated)"
+    lay = str(_shown(tables, point)) or "(replicated)"
     exact = f"{int(limit)} B"
     shown = exact if fmt_bytes(limit) == exact else f"{fmt_bytes(limit)} ({exact})"
     head = (f"memory_limit {shown} per device is below the smallest peak "
