@@ -251,7 +251,7 @@ def _run_search(args: argparse.Namespace) -> int:
             [(str(m), fmt_time(t) if t is not None else why[failed[str(m)]]) for m, t in r.meshes],
             ("mesh", "best time"))]
     if r.verified:
-        rows = [("*" if v.layout == r.layout else "", i + 1, str(v.layout) or "(replicated)",
+        rows = [("*" if v.layout == r.layout else "", i + 1, str(compact_layout(g, r.mesh, v.layout)) or "(replicated)",
                  fmt_time(v.predicted_time_s), fmt_time(v.measured_time_s) if v.ok else "-",
                  fmt_bytes(v.memory_bytes), fmt_bytes(v.xla_memory_bytes) if v.xla_memory_bytes >= 0 else "-",
                  "ok" if v.ok else "error: " + v.error)

@@ -485,6 +485,24 @@ def test_search_verify_json(capsys):
     assert data["hardware"] == "cpu"
 
 
+def test_search_verify_table_writes_storage_layouts_compactly(capsys):
+    # with weight-update sharding the table shows each layout with the storage entry its
+    # parameters share once, as '*'; what it shows plans as the layout the JSON gives in full
+    from autolayout import models, predict
+    args = ["search", *SMALL, *MESH, "--verify", "2", "--repeats", "1", "--hardware", "cpu"]
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    table = out[out.index("verified:"):out.index("winner:")].splitlines()[3:5]
+    shown = [line.lstrip(" *").split()[1] for line in table]
+    full = [r["layout"] for r in run_json(args, capsys)["verified"]]
+    assert any("|*:" in s for s in shown) and all(len(s) <= len(f) for s, f in zip(shown, full))
+    assert shown != full
+    g = models.mlp(batch=256, d_io=128, d_hidden=512)
+    for s, f in zip(shown, full):
+        a, b = (predict(g, "rows:2,cols:4", x, hardware="cpu") for x in (s, f))
+        assert (a.time_s, a.memory_bytes, a.comm_s) == (b.time_s, b.memory_bytes, b.comm_s)
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--verify", "0"], ["--verify", "positive integer", "'0'"]),
     (["--verify", "-3"], ["--verify", "positive integer", "'-3'"]),
