@@ -489,8 +489,9 @@ def _none_fits(tables: Tables, wus: list[WusParam], memory_limit: float, state: 
         fits = f"that fits memory_limit {int(memory_limit)} B " if math.isfinite(memory_limit) else ""
         raise Dominated(f"no layout {fits}takes at most {state['upper_s']:.6g} s per step")
     mem, point, proven = min_memory(tables, wus, time_limit_s=max(left, 5.0), workers=workers, seed=seed)
-    raise SearchError(_memory_message(tables, wus, memory_limit, mem, point, proven), reason="memory",
-                      layout=_shown(tables, point), memory_bytes=int(mem))
+    lay = _shown(tables, point)
+    raise SearchError(_memory_message(tables, memory_limit, mem, lay, proven), reason="memory", layout=lay,
+                      memory_bytes=int(mem))
 
 
 def _warm_start(tables: Tables, wus: list[WusParam], lm: LayoutModel, warm: Decoded, warm_fits: bool,
@@ -566,9 +567,8 @@ def _shown(tables: Tables, point: Decoded) -> Layout:
     return compact_layout(tables.graph, tables.mesh, layout_of(tables, point))
 
 
-def _memory_message(tables: Tables, wus: list[WusParam], limit: float, peak: int, point: Decoded,
-                    proven: bool = True) -> str:
-    lay = str(_shown(tables, point)) or "(replicated)"
+def _memory_message(tables: Tables, limit: float, peak: int, layout: Layout, proven: bool = True) -> str:
+    lay = str(layout) or "(replicated)"
     exact = f"{int(limit)} B"
     shown = exact if fmt_bytes(limit) == exact else f"{fmt_bytes(limit)} ({exact})"
     head = (f"memory_limit {shown} per device is below the smallest peak "
